@@ -1,0 +1,43 @@
+# One entry point for students, instructors and CI. Every target sets up first;
+# setup is idempotent (a stamp file), so a second `make test` installs nothing.
+PYTHON ?= python3
+VENV ?= .venv
+# GPU users: make setup TORCH_SPEC="torch --index-url <your CUDA wheel index>"
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.course-installed
+NPROC ?= 2
+SUBMISSIONS ?= submissions
+GRADEBOOK ?= gradebook.csv
+
+.PHONY: setup run test lab labs grade bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+run: setup
+	$(BIN)/python -m course_lib.runall --quick
+
+test: setup
+	$(BIN)/python -m pytest
+
+lab: setup
+	$(BIN)/jupyter lab labs/
+
+labs: setup
+	$(BIN)/python -m course_lib.labgen solutions labs
+
+grade: setup
+	$(BIN)/python -m course_lib.grade $(SUBMISSIONS) --out $(GRADEBOOK)
+
+bench: setup
+	$(BIN)/python -m course_lib.bench collectives --nproc $(NPROC)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache build *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,81 @@
+"""Finding and ending every process of a job, and nothing else.
+
+torchrun's workers are not reliably in torchrun's process group, so a job is
+identified two ways: the process tree under the torchrun process we started,
+and an environment marker (``COURSE_LIB_JOB=<id>``) that every rank inherits.
+Only processes carrying our job's id are ever signalled.
+"""
+from __future__ import annotations
+
+import ctypes
+import signal
+
+import psutil
+
+MARKER = "COURSE_LIB_JOB"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """preexec_fn: have the kernel kill torchrun if the notebook kernel dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def job_processes(job_id, root_pid=None):
+    """Live processes of the job: descendants of ``root_pid`` and marked processes."""
+    found = {}
+    if root_pid is not None:
+        try:
+            root = psutil.Process(root_pid)
+            for p in [root, *root.children(recursive=True)]:
+                found[p.pid] = p
+        except psutil.NoSuchProcess:
+            pass
+    for p in psutil.process_iter():
+        if p.pid in found:
+            continue
+        try:
+            if p.environ().get(MARKER) == job_id:
+                found[p.pid] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return list(found.values())
+
+
+def rank_pids(job_dir, job_id):
+    """PIDs of the ranks still alive (each rank writes ``pid<rank>`` at start)."""
+    pids = []
+    for path in sorted(job_dir.glob("pid*")):
+        try:
+            pid = int(path.read_text())
+            p = psutil.Process(pid)
+            if p.environ().get(MARKER) == job_id:
+                pids.append(pid)
+        except (ValueError, psutil.Error, OSError):
+            continue
+    return pids
+
+
+def kill_job(proc, job_id, timeout=10.0):
+    """SIGKILL torchrun (so it cannot restart anyone) and then every rank; wait
+    until all are gone. Raises RuntimeError if something survives."""
+    procs = job_processes(job_id, proc.pid)
+    # torchrun first, so it does not react to its workers dying.
+    procs.sort(key=lambda p: p.pid != proc.pid)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    try:
+        proc.wait(timeout=timeout)
+    except Exception:
+        pass
+    if proc.stdout is not None:
+        proc.stdout.close()
+    if alive:
+        raise RuntimeError(f"processes of job {job_id} survived SIGKILL: {[p.pid for p in alive]}")

@@ -1,0 +1,83 @@
+"""Choosing a backend, joining the process group, and what each backend supports.
+
+``backend="auto"`` means NCCL with one GPU per rank (``cuda:LOCAL_RANK``) when
+torch sees at least ``nproc`` GPUs, otherwise gloo on CPU processes. Nothing
+here touches CUDA unless a GPU backend was asked for and is available.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+
+# Which torch.distributed calls each backend implements on which device, as the
+# lecture notes tabulate it (PyTorch's docs of that era; "?" = depends on the MPI
+# build). Newer gloo builds do more: Lab 00 probes the installed one.
+SUPPORT_TABLE = {
+    #  op:            gloo CPU, gloo GPU, mpi CPU, mpi GPU, nccl CPU, nccl GPU
+    "send":           ("yes", "no", "yes", "?", "no", "yes"),
+    "recv":           ("yes", "no", "yes", "?", "no", "yes"),
+    "broadcast":      ("yes", "yes", "yes", "?", "no", "yes"),
+    "all_reduce":     ("yes", "yes", "yes", "?", "no", "yes"),
+    "reduce":         ("yes", "no", "yes", "?", "no", "yes"),
+    "all_gather":     ("yes", "no", "yes", "?", "no", "yes"),
+    "gather":         ("yes", "no", "yes", "?", "no", "yes"),
+    "scatter":        ("yes", "no", "yes", "?", "no", "no"),
+    "reduce_scatter": ("no", "no", "no", "no", "no", "yes"),
+    "all_to_all":     ("no", "no", "yes", "?", "no", "yes"),
+    "barrier":        ("yes", "no", "yes", "?", "no", "yes"),
+}
+SUPPORT_COLUMNS = ("gloo CPU", "gloo GPU", "mpi CPU", "mpi GPU", "nccl CPU", "nccl GPU")
+
+
+def gpu_count():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_backend(backend, nproc):
+    """The concrete backend for ``nproc`` ranks on this machine; raises ValueError
+    (before anything starts) when the request cannot work here."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    if backend == "auto":
+        return "nccl" if dist.is_nccl_available() and gpu_count() >= nproc else "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise ValueError("backend='nccl' but this torch build has no NCCL (a CPU build?)")
+        if gpu_count() < nproc:
+            raise ValueError(f"backend='nccl' needs one GPU per rank: nproc={nproc} but "
+                             f"torch sees {gpu_count()} GPU(s). Use backend='gloo' or 'auto'.")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise ValueError("backend='mpi' but this torch build was not compiled with MPI")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise ValueError("backend='gloo' but this torch build has no gloo")
+    return backend
+
+
+def current_device():
+    """The device this rank computes on: ``cuda:LOCAL_RANK`` under NCCL, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def init_distributed(backend="auto", timeout_s=None):
+    """Join the default process group from torchrun's environment variables
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Idempotent."""
+    if dist.is_initialized():
+        return dist.get_backend()
+    world_size = int(os.environ["WORLD_SIZE"])
+    if backend == "auto":  # the launcher already resolved it for the whole job
+        backend = os.environ.get("COURSE_BACKEND", "auto")
+    backend = resolve_backend(backend, world_size)
+    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, **kwargs)
+    return backend

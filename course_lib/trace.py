@@ -1,0 +1,277 @@
+"""Per-rank timelines: record spans on each rank, merge them with aligned clocks.
+
+On a rank (the launcher starts recording for you)::
+
+    with trace.span("forward", "compute", microbatch=0):
+        y = model(x)
+    work = dist.all_reduce(g, async_op=True)
+    trace.async_span("all_reduce", "comm", work, bytes=g.nbytes)  # ends on completion
+
+In the notebook, ``run(...).trace`` is a :class:`Trace` over all ranks, with
+times in seconds since a common t0 taken right after a barrier. Metrics
+(busy and overlap fractions) live in :mod:`course_lib.trace_metrics`.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+
+CATEGORIES = ("compute", "comm", "idle", "memory", "other")
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval on one rank; ``start``/``end`` in seconds since the trace's t0."""
+    rank: int
+    name: str
+    cat: str
+    start: float
+    end: float
+    microbatch: int | None = None
+    bytes: int | None = None
+    peer: int | None = None
+    args: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def duration(self):
+        return self.end - self.start
+
+
+class Tracer:
+    """Records spans of one rank with ``time.perf_counter_ns`` (raw nanoseconds)."""
+
+    def __init__(self, rank=0, clock=time.perf_counter_ns):
+        self.rank, self.clock = rank, clock
+        self.t0 = clock()
+        self._spans = []
+        self._lock = threading.Lock()
+        self._pending = []
+
+    def record(self, name, cat, start_ns, end_ns, **meta):
+        if end_ns < start_ns:
+            raise ValueError(f"span {name!r} ends before it starts")
+        with self._lock:
+            self._spans.append((name, cat, start_ns, end_ns, meta))
+
+    @contextmanager
+    def span(self, name, cat="compute", **meta):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.record(name, cat, start, self.clock(), **meta)
+
+    def async_span(self, name, cat, work, **meta):
+        """Record a span from now until ``work`` (a ``dist.Work``, or a list of
+        works that form one operation) completes; returns what to wait on instead.
+
+        Uses the works' futures where the backend has them (NCCL, gloo
+        collectives). gloo's point-to-point works have no future and learn they
+        are done only inside ``wait()``, so one helper thread waits on them and
+        the caller's ``wait()`` waits for that thread instead."""
+        works = list(work) if isinstance(work, (list, tuple)) else [work]
+        start = self.clock()
+
+        def done(*_):
+            self.record(name, cat, start, self.clock(), **meta)
+
+        try:
+            futures = [w.get_future() for w in works]
+        except RuntimeError:
+            observed = _ObservedWorks(works, done, self._pending)
+            proxies = [_WorkProxy(observed) for _ in works]
+            return proxies if isinstance(work, (list, tuple)) else proxies[0]
+        import torch
+
+        torch.futures.collect_all(futures).then(done)
+        return work
+
+    def export(self):
+        """Plain data for the launcher to ship: host, t0 and raw spans."""
+        for w in list(self._pending):
+            w.join()
+        with self._lock:
+            spans = [dict(name=n, cat=c, start_ns=s, end_ns=e, **m) for n, c, s, e, m in self._spans]
+        return {"rank": self.rank, "host": socket.gethostname(), "t0_ns": self.t0, "spans": spans}
+
+
+class _ObservedWorks:
+    """Works whose completion one helper thread observes (the only thread that
+    calls their ``wait``)."""
+
+    def __init__(self, works, on_done, registry):
+        self._error, self.done = None, threading.Event()
+        self._thread = threading.Thread(target=self._observe, args=(works, on_done), daemon=True)
+        registry.append(self)
+        self._thread.start()
+
+    def _observe(self, works, on_done):
+        try:
+            for w in works:
+                w.wait()
+            on_done()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's wait()
+            self._error = exc
+        finally:
+            self.done.set()
+
+    def wait(self, timeout=None):
+        self.done.wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def join(self):
+        self._thread.join()
+
+
+class _WorkProxy:
+    def __init__(self, observed):
+        self._observed = observed
+
+    def wait(self, timeout=None):
+        return self._observed.wait(timeout)
+
+    def is_completed(self):
+        return self._observed.done.is_set()
+
+
+# ---- the per-process recorder the launcher starts --------------------------------
+_current: Tracer | None = None
+
+
+def start(rank=None):
+    """Start recording on this rank, t0 taken right after a barrier so that all
+    ranks' t0 agree to within the barrier's skew."""
+    global _current
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        rank = dist.get_rank() if rank is None else rank
+    _current = Tracer(rank or 0)
+    return _current
+
+
+def finish():
+    """Stop recording; return the export, or None if nothing was recorded."""
+    global _current
+    tracer, _current = _current, None
+    if tracer is None:
+        return None
+    exported = tracer.export()
+    return exported if exported["spans"] else None
+
+
+def get_tracer():
+    return _current
+
+
+def span(name, cat="compute", **meta):
+    """Module-level span on the current tracer; a no-op when not recording."""
+    return _current.span(name, cat, **meta) if _current else nullcontext()
+
+
+def async_span(name, cat, work, **meta):
+    return _current.async_span(name, cat, work, **meta) if _current else work
+
+
+# ---- merged traces -----------------------------------------------------------------
+class Trace:
+    """Spans of all ranks on one clock (seconds since t0)."""
+
+    def __init__(self, spans):
+        self.spans = sorted(spans, key=lambda s: (s.rank, s.start, s.end))
+
+    @classmethod
+    def from_exports(cls, exports):
+        """Merge per-rank exports. On one host ``perf_counter_ns`` is one clock, so
+        every rank is shifted by the same t0 (the earliest); across hosts each rank
+        is shifted by its own post-barrier t0."""
+        same_host = len({e["host"] for e in exports}) == 1
+        common = min(e["t0_ns"] for e in exports)
+        spans = []
+        for e in exports:
+            t0 = common if same_host else e["t0_ns"]
+            for s in e["spans"]:
+                meta = {k: v for k, v in s.items() if k not in ("name", "cat", "start_ns", "end_ns")}
+                known = {k: meta.pop(k) for k in ("microbatch", "bytes", "peer") if k in meta}
+                spans.append(Span(e["rank"], s["name"], s["cat"], (s["start_ns"] - t0) / 1e9,
+                                  (s["end_ns"] - t0) / 1e9, args=meta, **known))
+        return cls(spans)
+
+    @property
+    def ranks(self):
+        return sorted({s.rank for s in self.spans})
+
+    @property
+    def start(self):
+        return min((s.start for s in self.spans), default=0.0)
+
+    @property
+    def end(self):
+        return max((s.end for s in self.spans), default=0.0)
+
+    def select(self, rank=None, cat=None, name=None):
+        return [s for s in self.spans if (rank is None or s.rank == rank)
+                and (cat is None or s.cat == cat) and (name is None or s.name == name)]
+
+    def to_chrome(self, path=None):
+        """Chrome trace JSON (opens in Perfetto): one pid per rank, one named lane
+        (tid) per category, extra lanes where spans of a category overlap."""
+        events = []
+        lanes = {}
+        for rank in self.ranks:
+            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                           "args": {"name": f"rank {rank}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                           "args": {"sort_index": rank}})
+            for lane_name, tid, spans in lanes_of(self.select(rank=rank)):
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                               "args": {"name": lane_name}})
+                for s in spans:
+                    lanes[id(s)] = tid
+        for s in self.spans:
+            args = {k: v for k, v in asdict(s).items()
+                    if k in ("microbatch", "bytes", "peer") and v is not None}
+            args.update(s.args)
+            events.append({"name": s.name, "cat": s.cat, "ph": "X", "ts": s.start * 1e6,
+                           "dur": s.duration * 1e6, "pid": s.rank, "tid": lanes[id(s)],
+                           "args": args})
+        doc = {"traceEvents": events, "displayTimeUnit": "ms"}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+    def plot(self, ax=None, **kwargs):
+        from .viz import gantt
+
+        return gantt(self, ax=ax, **kwargs)
+
+
+def lanes_of(spans):
+    """Split one rank's spans into lanes ``(name, tid, spans)``: one lane per
+    category in :data:`CATEGORIES` order, plus ``cat #2``... lanes wherever spans
+    of a category overlap without nesting (asynchronous operations). Greedy
+    interval partitioning, so the number of lanes is the peak concurrency."""
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    out, tid = [], 1
+    for cat in sorted({s.cat for s in spans}, key=lambda c: (order.get(c, len(order)), c)):
+        rows = []  # each row: list of spans, last end
+        for s in sorted((s for s in spans if s.cat == cat), key=lambda s: (s.start, -s.end)):
+            for row in rows:
+                last = row[-1]
+                if s.start >= last.end or (s.start >= last.start and s.end <= last.end):
+                    row.append(s)
+                    break
+            else:
+                rows.append([s])
+        for i, row in enumerate(rows):
+            out.append((cat if i == 0 else f"{cat} #{i + 1}", tid, row))
+            tid += 1
+    return out
