@@ -81,3 +81,37 @@ def init_distributed(backend="auto", timeout_s=None):
         kwargs["device_id"] = device
     dist.init_process_group(backend, **kwargs)
     return backend
+
+
+def probe_ops():
+    """Try every op of :data:`SUPPORT_TABLE` on the current process group with
+    tiny tensors; returns {op: "yes" or "no (<error>)"}. Run it on >= 2 ranks.
+    An unsupported op raises on every rank alike, so the group stays in step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+
+    def t(value=1.0, n=world):
+        return torch.full((n,), float(value), device=device)
+
+    ops = {
+        "send": lambda: dist.send(t(), 1) if rank == 0 else (dist.recv(t(), 0) if rank == 1 else None),
+        "recv": lambda: dist.recv(t(), 1) if rank == 0 else (dist.send(t(), 0) if rank == 1 else None),
+        "broadcast": lambda: dist.broadcast(t(rank), src=0),
+        "all_reduce": lambda: dist.all_reduce(t(rank)),
+        "reduce": lambda: dist.reduce(t(rank), dst=0),
+        "all_gather": lambda: dist.all_gather([t() for _ in range(world)], t(rank)),
+        "gather": lambda: dist.gather(t(rank), [t() for _ in range(world)] if rank == 0 else None),
+        "scatter": lambda: dist.scatter(t(), [t(r) for r in range(world)] if rank == 0 else None),
+        "reduce_scatter": lambda: dist.reduce_scatter(t(), [t(rank) for _ in range(world)]),
+        "all_to_all": lambda: dist.all_to_all([t() for _ in range(world)],
+                                              [t(rank) for _ in range(world)]),
+        "barrier": lambda: dist.barrier(),
+    }
+    result = {}
+    for name, op in ops.items():
+        try:
+            op()
+            result[name] = "yes"
+        except Exception as exc:  # noqa: BLE001 - the error is the answer
+            result[name] = f"no ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})"
+    return result
