@@ -46,7 +46,10 @@ _STACK_GRACE_S = 3.0
 
 class LaunchError(RuntimeError):
     """A rank failed. ``.ranks`` lists the failed ranks, ``.errors`` their records
-    (rank, type, message, traceback) in the order they failed."""
+    (rank, type, message, traceback) in the order they failed; ``.port`` is the
+    job's rendezvous port (free again by the time you see this)."""
+
+    port = None
 
     def __init__(self, message, ranks=(), errors=(), log=""):
         super().__init__(message)
@@ -70,10 +73,12 @@ class LaunchTimeout(LaunchError):
 
 class Results(list):
     """Per-rank return values (``results[r]`` came from rank r), plus the job's
-    merged :class:`~course_lib.trace.Trace` as ``.trace``, its ``.backend`` and
-    ``.wall_time`` in seconds (launch to exit, as the notebook saw it)."""
+    merged :class:`~course_lib.trace.Trace` as ``.trace``, its ``.backend``, its
+    rendezvous ``.port`` and ``.wall_time`` in seconds (launch to exit, as the
+    notebook saw it)."""
 
     trace = None
+    port = None
     backend = None
     wall_time = None
 
@@ -165,10 +170,15 @@ def _launch(mode, payload, *, nproc, backend, timeout):
                 _procs.kill_job(proc, job_id)
                 raise _timeout_error(timeout, nproc, stacks, log)
             proc.wait()
+            _procs.kill_job(proc, job_id)
+            results = _collect(job_dir, nproc, proc.returncode, log)
+        except LaunchError as exc:
+            exc.port = port
+            raise
         finally:
             # Runs on success, failure and KeyboardInterrupt alike.
             _procs.kill_job(proc, job_id)
-        results = _collect(job_dir, nproc, proc.returncode, log)
+    results.port = port
     results.backend = backend
     results.wall_time = time.perf_counter() - started
     return results
