@@ -1,0 +1,102 @@
+"""Counted point-to-point ops under real torchrun (gloo), world size 3."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ship_by_value
+from course_lib import comm, run
+from course_lib.comm import CommStats
+
+ship_by_value(__name__)
+
+
+def test_stats_accumulate_per_peer():
+    stats = CommStats()
+    stats.add_send(12, 1)
+    stats.add_send(4, 1)
+    stats.add_recv(8, 2)
+    assert stats.as_dict() == {"sent_messages": 2, "sent_bytes": 16, "recv_messages": 1,
+                               "recv_bytes": 8, "sent_to": {1: 16}, "recv_from": {2: 8}}
+
+
+def every_kind_of_message():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    out = {}
+    with comm.counting() as outer:
+        # blocking ring, ordered so it cannot deadlock: rank 0 sends first
+        a = torch.full((5,), float(rank), dtype=torch.float64)
+        got_a = torch.empty_like(a)
+        if rank == 0:
+            comm.send(a, right)
+            comm.recv(got_a, left)
+        else:
+            comm.recv(got_a, left)
+            comm.send(a, right)
+        with comm.counting() as inner:
+            b = torch.full((7,), rank, dtype=torch.int32)
+            got_b = torch.empty_like(b)
+            works = [comm.irecv(got_b, left), comm.isend(b, right)]
+            for w in works:
+                w.wait()
+            c = torch.full((3,), float(rank))
+            got_c = torch.empty_like(c)
+            comm.exchange(sends=[(c, left)], recvs=[(got_c, right)])
+    out["values"] = (got_a, got_b, got_c)
+    out["outer"], out["inner"] = outer.as_dict(), inner.as_dict()
+    return out
+
+
+def test_messages_arrive_and_are_counted():
+    outs = run(every_kind_of_message, nproc=3)
+    for rank, o in enumerate(outs):
+        right, left = (rank + 1) % 3, (rank - 1) % 3
+        got_a, got_b, got_c = o["values"]
+        assert torch.equal(got_a, torch.full((5,), float(left), dtype=torch.float64))
+        assert torch.equal(got_b, torch.full((7,), left, dtype=torch.int32))
+        assert torch.equal(got_c, torch.full((3,), float(right)))
+        assert o["inner"] == {"sent_messages": 2, "sent_bytes": 28 + 12, "recv_messages": 2,
+                              "recv_bytes": 28 + 12, "sent_to": {right: 28, left: 12},
+                              "recv_from": {left: 28, right: 12}}
+        assert o["outer"]["sent_messages"] == 3 and o["outer"]["sent_bytes"] == 40 + 40
+        assert o["outer"]["recv_from"] == {left: 40 + 28, right: 12}
+
+
+def traced_exchange():
+    x = torch.ones(256)
+    y = torch.empty(256)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm.exchange(sends=[(x, (rank + 1) % world)], recvs=[(y, (rank - 1) % world)])
+    comm.send(x, 1) if rank == 0 else comm.recv(y, 0) if rank == 1 else None
+
+
+def test_messages_leave_comm_spans_with_bytes_and_peer():
+    tr = run(traced_exchange, nproc=3).trace
+    for rank in range(3):
+        (ex,) = [s for s in tr.select(rank=rank, cat="comm") if s.name.startswith("exchange")]
+        assert ex.bytes == 1024 and ex.peer == (rank + 1) % 3 and ex.end >= ex.start
+    (send,) = tr.select(rank=0, name="send→1")
+    (recv,) = tr.select(rank=1, name="recv←0")
+    assert send.bytes == recv.bytes == 1024 and recv.peer == 0
+
+
+def bad_peers():
+    errors = []
+    for call in (lambda: comm.send(torch.ones(1), dist.get_rank()),
+                 lambda: comm.recv(torch.ones(1), 5),
+                 lambda: comm.exchange(sends=[(torch.ones(1), -1)])):
+        try:
+            call()
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def test_bad_peers_raise_before_sending():
+    errors = run(bad_peers, nproc=2)[0]
+    assert len(errors) == 3
+    assert "itself" in errors[0] and "[0, 2)" in errors[1] and "[0, 2)" in errors[2]
+
+
+def test_empty_exchange_is_a_no_op():
+    assert run(lambda: comm.exchange_async(), nproc=2) == [[], []]
