@@ -24,3 +24,70 @@ def fit_alpha_beta(sizes_bytes, seconds):
     if beta <= 0:
         raise ValueError("times do not grow with size: no bandwidth to fit")
     return float(max(alpha, 0.0)), float(1.0 / beta)
+
+
+# ---- collectives on K ranks, N bytes (Lab 01) -------------------------------------------
+# nccl-tests' bus bandwidth factors: busbw = algbw x factor, with S the whole array.
+_BUS_FACTORS = {
+    "all_reduce": lambda k: 2 * (k - 1) / k,
+    "reduce_scatter": lambda k: (k - 1) / k,
+    "all_gather": lambda k: (k - 1) / k,
+    "all_to_all": lambda k: (k - 1) / k,
+    "broadcast": lambda k: 1.0,
+    "reduce": lambda k: 1.0,
+    "send_recv": lambda k: 1.0,
+}
+
+
+def bus_factor(op, nranks):
+    """nccl-tests factor turning algorithm bandwidth S/t into bus bandwidth."""
+    if op not in _BUS_FACTORS:
+        raise ValueError(f"no bus factor for {op!r}; known: {sorted(_BUS_FACTORS)}")
+    return _BUS_FACTORS[op](nranks)
+
+
+def algbw(nbytes, seconds):
+    return nbytes / seconds
+
+
+def busbw(op, nbytes, seconds, nranks):
+    return algbw(nbytes, seconds) * bus_factor(op, nranks)
+
+
+def naive_all_reduce_time(nbytes, k, alpha, bandwidth):
+    """Gather to a root and send back: the root's link carries 2(K-1) full messages."""
+    return 2 * (k - 1) * (alpha + nbytes / bandwidth)
+
+
+def ring_all_reduce_time(nbytes, k, alpha, bandwidth):
+    """Reduce-scatter + all-gather: 2(K-1) steps of N/K bytes."""
+    return 2 * (k - 1) * (alpha + nbytes / (k * bandwidth))
+
+
+def reduce_scatter_time(nbytes, k, alpha, bandwidth):
+    """Ring reduce-scatter (or all-gather) of an N-byte array: K-1 steps of N/K."""
+    return (k - 1) * (alpha + nbytes / (k * bandwidth))
+
+
+all_gather_time = reduce_scatter_time
+
+
+def ring_broadcast_time(nbytes, k, alpha, bandwidth):
+    """Unsegmented chain: every hop carries the whole message, (K-1)(alpha + N/B)."""
+    return (k - 1) * (alpha + nbytes / bandwidth)
+
+
+def pipelined_broadcast_time(nbytes, k, segments, alpha, bandwidth):
+    """Chain with S segments: (K-2+S)(alpha + N/(S B)); S = 1 gives the ring."""
+    return (k - 2 + segments) * (alpha + nbytes / (segments * bandwidth))
+
+
+def optimal_segments(nbytes, k, alpha, bandwidth):
+    """S* = sqrt((K-2) N / (alpha B)), the minimum of (K-2+S)(alpha + N/(S B)),
+    rounded to the better neighbouring integer (at least 1)."""
+    if k <= 2 or alpha <= 0:
+        # with two ranks there is no pipeline to fill: more segments only add latency
+        return 1
+    s = (max(k - 2, 0) * nbytes / (alpha * bandwidth)) ** 0.5
+    candidates = {max(1, int(s)), max(1, int(s) + 1)}
+    return min(candidates, key=lambda c: pipelined_broadcast_time(nbytes, k, c, alpha, bandwidth))

@@ -1,5 +1,7 @@
 """Shared fixtures: every launcher test must leave no process of any job behind."""
+import os
 import sys
+import uuid
 
 import cloudpickle
 import psutil
@@ -7,13 +9,20 @@ import pytest
 
 from course_lib import _procs
 
+# Jobs started by this test session (directly, or from a notebook kernel it runs)
+# inherit this variable; another session running on the same machine does not.
+SESSION_VAR = "COURSE_LIB_TEST_SESSION"
+os.environ[SESSION_VAR] = uuid.uuid4().hex
+
 
 def job_processes():
-    """Every live process carrying a course_lib job marker (from the process table)."""
+    """Every live process of a course_lib job started by this test session,
+    read from the process table."""
     found = []
     for p in psutil.process_iter():
         try:
-            if _procs.MARKER in p.environ():
+            env = p.environ()
+            if _procs.MARKER in env and env.get(SESSION_VAR) == os.environ[SESSION_VAR]:
                 found.append(p)
         except (psutil.Error, OSError):
             continue
