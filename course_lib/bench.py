@@ -52,7 +52,7 @@ def main(argv=None):
                    help="comma-separated, from: all_reduce, naive_all_reduce, "
                         "reduce_scatter, all_gather, broadcast, pipelined_broadcast")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--target-s", type=float, default=0.25, help="time per measurement")
+    p.add_argument("--target-s", type=float, default=0.3, help="seconds per measurement")
     p.add_argument("--json", default=None)
     ns = parser.parse_args(argv)
     if ns.what == "launch":

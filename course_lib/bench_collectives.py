@@ -8,12 +8,14 @@ with S the whole array, 1 broadcast), ratio = our busbw / torch's busbw.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 from . import collectives as C
+from . import trace
 from .backend import current_device
 from .cost_model import bus_factor
 
@@ -93,21 +95,40 @@ def _iterations(fn, args, device, target_s, warmup, max_iters):
     for _ in range(warmup):
         fn(*args)
     once = _time(fn, args, 1, device)
-    return int(min(max_iters, max(3, target_s / max(once, 1e-6))))
+    # every rank must run the same number of iterations: take rank 0's estimate
+    iters = torch.tensor([int(min(max_iters, max(2, target_s / max(once, 1e-6))))],
+                         device=device)
+    dist.broadcast(iters, 0)
+    return int(iters.item())
 
 
-def measure(sizes, ops, warmup=3, target_s=0.25, max_iters=50, segments=8):
+def _compare(runners, device, target_s, warmup, max_iters, repeats):
+    """Median over ``repeats`` rounds of each runner's mean time; the runners
+    alternate within every round so that both see the same machine."""
+    iters = {k: _iterations(fn, args, device, target_s / repeats, warmup, max_iters)
+             for k, (fn, args) in runners.items()}
+    samples = {k: [] for k in runners}
+    for _ in range(repeats):
+        for k, (fn, args) in runners.items():
+            samples[k].append(_time(fn, args, iters[k], device))
+    return {k: (statistics.median(v), iters[k] * repeats) for k, v in samples.items()}
+
+
+@trace.paused()
+def measure(sizes, ops, warmup=3, target_s=0.3, max_iters=50, segments=8, repeats=5):
     """Run on every rank; returns a list of row dicts (the same on all ranks)."""
     world, device = dist.get_world_size(), current_device()
     rows = []
     for nbytes in sizes:
         for op in ops:
             ours_args, torch_args = _buffers(op, nbytes, world, device)
-            row = {"op": op, "bytes": ours_args[0].numel() * 4, "nproc": world}
-            for impl, args in (("ours", ours_args), ("torch", torch_args)):
-                fn = _runner(op, impl, segments)
-                iters = _iterations(fn, args, device, target_s, warmup, max_iters)
-                t = _time(fn, args, iters, device)
+            # S is the whole array: reduce-scatter's input, all-gather's output
+            whole = max(a.numel() for a in ours_args)
+            row = {"op": op, "bytes": whole * 4, "nproc": world}
+            runners = {"ours": (_runner(op, "ours", segments), ours_args),
+                       "torch": (_runner(op, "torch", segments), torch_args)}
+            timed = _compare(runners, device, target_s, warmup, max_iters, repeats)
+            for impl, (t, iters) in timed.items():
                 algbw = row["bytes"] / t
                 row[impl] = {"time_s": t, "iters": iters, "algbw": algbw,
                              "busbw": algbw * bus_factor(TORCH_NAME[op], world)}
@@ -137,16 +158,18 @@ def _human(nbytes):
     return str(nbytes)
 
 
-def sweep(impls, sizes, warmup=2, target_s=0.1, max_iters=20):
+@trace.paused()
+def sweep(impls, sizes, warmup=2, target_s=0.2, max_iters=20, repeats=3):
     """Time in-place collectives ``fn(tensor)`` (all-reduce, broadcast...) given as
-    ``{label: fn}`` over ``sizes`` in bytes, interleaved so that they share the
-    machine's conditions. Run on every rank; returns {label: [(bytes, seconds)]}
-    with the slowest rank's time."""
+    ``{label: fn}`` over ``sizes`` in bytes, alternating between them so that they
+    share the machine's conditions. Run on every rank; returns
+    {label: [(bytes, seconds)]}, each the median of the slowest rank's times."""
     device = current_device()
     result = {label: [] for label in impls}
     for nbytes in sizes:
-        for label, fn in impls.items():
-            t = torch.ones(max(1, nbytes // 4), device=device)
-            iters = _iterations(fn, (t,), device, target_s, warmup, max_iters)
-            result[label].append((t.numel() * 4, _time(fn, (t,), iters, device)))
+        runners = {label: (fn, (torch.ones(max(1, nbytes // 4), device=device),))
+                   for label, fn in impls.items()}
+        timed = _compare(runners, device, target_s, warmup, max_iters, repeats)
+        for label, (t, _) in timed.items():
+            result[label].append((max(1, nbytes // 4) * 4, t))
     return result

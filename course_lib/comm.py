@@ -69,9 +69,9 @@ def _nbytes(tensor):
 
 def _check_peer(peer, group):
     world = dist.get_world_size(group)
-    me = dist.get_rank()
     if not isinstance(peer, int) or not 0 <= peer < world:
         raise ValueError(f"peer must be a rank in [0, {world}), got {peer!r}")
+    me = dist.get_rank()
     if peer == me:
         raise ValueError(f"rank {me} tried to send to / receive from itself")
 
@@ -120,22 +120,28 @@ def irecv(tensor, src, group=None, tag=0):
 
 
 def exchange_async(sends=(), recvs=(), group=None):
-    """Post every ``(tensor, peer)`` send and receive of one step at once with
-    ``batch_isend_irecv``; returns the works (wait on all of them)."""
-    ops = []
-    for tensor, peer in sends:
+    """Post every ``(tensor, peer)`` send and receive of one step at once; returns
+    the works (wait on all of them). On NCCL they go through ``batch_isend_irecv``
+    (one group call, so pairs cannot deadlock); gloo posts each message directly,
+    which is just as safe there and saves a coalescing pass per step."""
+    for _, peer in (*sends, *recvs):
         _check_peer(peer, group)
-        ops.append(dist.P2POp(dist.isend, tensor, peer, group))
-    for tensor, peer in recvs:
-        _check_peer(peer, group)
-        ops.append(dist.P2POp(dist.irecv, tensor, peer, group))
-    if not ops:
+    if not sends and not recvs:
         return []
     for tensor, peer in sends:
         _count_send(tensor, peer)
     for tensor, peer in recvs:
         _count_recv(tensor, peer)
-    works = dist.batch_isend_irecv(ops)
+    if dist.get_backend(group) == "gloo":
+        # receives first: a gloo sender pushes its bytes once the peer has posted
+        works = [dist.irecv(t, p, group=group) for t, p in recvs]
+        works += [dist.isend(t, p, group=group) for t, p in sends]
+    else:
+        ops = [dist.P2POp(dist.isend, t, p, group) for t, p in sends]
+        ops += [dist.P2POp(dist.irecv, t, p, group) for t, p in recvs]
+        works = dist.batch_isend_irecv(ops)
+    if trace.get_tracer() is None:
+        return works
     nbytes = sum(_nbytes(t) for t, _ in sends)
     peers = sorted({p for _, p in sends} | {p for _, p in recvs})
     # One span for the whole step: it ends when the last of its messages is done.

@@ -246,7 +246,9 @@ def _trim_stack(text):
     for block in blocks:
         lines = block.splitlines()
         frames = [ln for ln in lines[1:] if ln.strip().startswith("File")]
-        if frames and all("threading.py" in ln or "_worker.py" in ln for ln in frames):
+        if frames and all(any(idle in ln for idle in ("threading.py", "_worker.py",
+                                                      "concurrent/futures/thread.py"))
+                          for ln in frames):
             continue  # a helper thread waiting, nothing of the student's
         keep.append("\n".join(ln for ln in lines if "_worker.py" not in ln
                               and "<frozen runpy>" not in ln))

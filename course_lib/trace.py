@@ -99,15 +99,28 @@ class Tracer:
         return {"rank": self.rank, "host": socket.gethostname(), "t0_ns": self.t0, "spans": spans}
 
 
+_waiters = None  # threads that wait on works without futures, reused across ops
+
+
+def _waiter_pool():
+    global _waiters
+    if _waiters is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # One thread per op in flight (up to 64); a shared FIFO waiter could block
+        # on an early receive while a later, finished op waits behind it.
+        _waiters = ThreadPoolExecutor(max_workers=64, thread_name_prefix="trace-wait")
+    return _waiters
+
+
 class _ObservedWorks:
-    """Works whose completion one helper thread observes (the only thread that
-    calls their ``wait``)."""
+    """Works whose completion a pooled helper thread observes (the only thread
+    that calls their ``wait``)."""
 
     def __init__(self, works, on_done, registry):
         self._error, self.done = None, threading.Event()
-        self._thread = threading.Thread(target=self._observe, args=(works, on_done), daemon=True)
         registry.append(self)
-        self._thread.start()
+        self._future = _waiter_pool().submit(self._observe, works, on_done)
 
     def _observe(self, works, on_done):
         try:
@@ -126,7 +139,7 @@ class _ObservedWorks:
         return True
 
     def join(self):
-        self._thread.join()
+        self._future.result()
 
 
 class _WorkProxy:
@@ -169,6 +182,18 @@ def finish():
 
 def get_tracer():
     return _current
+
+
+@contextmanager
+def paused():
+    """No recording inside the block (benchmarks: spans cost microseconds, and
+    watching gloo's point-to-point works costs a thread hand-off per message)."""
+    global _current
+    saved, _current = _current, None
+    try:
+        yield
+    finally:
+        _current = saved
 
 
 def span(name, cat="compute", **meta):
