@@ -36,7 +36,7 @@ grade: setup
 	$(BIN)/python -m course_lib.grade $(SUBMISSIONS) --out $(GRADEBOOK)
 
 bench: setup
-	$(BIN)/python -m course_lib.bench launch --nproc $(NPROC)
+	$(BIN)/python -m course_lib.bench collectives --nproc $(NPROC) --sizes 4K:64M
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache build *.egg-info

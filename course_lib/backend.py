@@ -115,3 +115,9 @@ def probe_ops():
         except Exception as exc:  # noqa: BLE001 - the error is the answer
             result[name] = f"no ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})"
     return result
+
+
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); older
+# releases only have the old ones. Same signatures: (output, input, ...).
+builtin_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+builtin_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -72,7 +72,7 @@ def main(argv=None):
                      backend=ns.backend, timeout=3600)[0]
         print(f"collectives on {ns.nproc} ranks:")
         print(bc.format_table(result))
-    if ns.json:
+    if getattr(ns, "json", None):
         with open(ns.json, "w") as f:
             json.dump(result, f, indent=2)
     return 0

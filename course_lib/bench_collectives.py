@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from . import collectives as C
 from . import trace
-from .backend import current_device
+from .backend import builtin_all_gather, builtin_reduce_scatter, current_device
 from .cost_model import bus_factor
 
 # op -> (ours, torch's); each takes (buffers) and runs one collective.
@@ -61,8 +61,8 @@ def _buffers(op, nbytes, world, device):
 def _runner(op, impl, segments):
     if impl == "torch":
         return {"all_reduce": lambda t: dist.all_reduce(t),
-                "reduce_scatter": lambda o, i: dist.reduce_scatter_tensor(o, i),
-                "all_gather": lambda o, i: dist.all_gather_into_tensor(o, i),
+                "reduce_scatter": lambda o, i: builtin_reduce_scatter(o, i),
+                "all_gather": lambda o, i: builtin_all_gather(o, i),
                 "broadcast": lambda t: dist.broadcast(t, 0)}[TORCH_NAME[op]]
     return {"all_reduce": lambda t: C.all_reduce(t),
             "naive_all_reduce": lambda t: C.naive_all_reduce(t),

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import checks, comm
+from .backend import builtin_all_gather, builtin_reduce_scatter
 
 SUM, MAX = dist.ReduceOp.SUM, dist.ReduceOp.MAX
 WHOLE_TENSOR_HINT = ("your rank sends far more than a ring should: the whole tensor seems to "
@@ -75,14 +76,14 @@ def _rs_ag_job(fn, kind, cases):
         if kind == "reduce_scatter":
             inp = _inputs(world * numel, dtype, 100 * i + rank)
             got, want = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
-            dist.reduce_scatter_tensor(want, inp, op=op)
+            builtin_reduce_scatter(want, inp, op=op)
             with comm.counting() as stats:
                 fn(got, inp, op)
         else:
             inp = _inputs(numel, dtype, 100 * i + rank)
             got = torch.empty(world * numel, dtype=dtype)
             want = torch.empty(world * numel, dtype=dtype)
-            dist.all_gather_into_tensor(want, inp)
+            builtin_all_gather(want, inp)
             with comm.counting() as stats:
                 fn(got, inp)
         out.append((got, want, stats.as_dict()))
@@ -133,9 +134,10 @@ def check_ring_all_reduce(fn, world_sizes=(1, 2, 3), sizes=(1, 7, 1001)):
                 f"{ex}: rank {rank} of world size {n} sent {stats['sent_bytes']} bytes for a "
                 f"{nbytes}-byte tensor; a ring sends 2(n-1)/n of it, at most {ring_bytes}."
                 f"\nHint: {hint}")
-        checks.expect_equal(ex, stats["sent_messages"], 2 * (n - 1), rank=rank, world_size=n,
-                            what="messages sent",
-                            hint="reduce-scatter (n-1 steps) then all-gather (n-1 steps)")
+        if numel >= n:  # with fewer elements than ranks, empty chunks may be skipped
+            checks.expect_equal(ex, stats["sent_messages"], 2 * (n - 1), rank=rank,
+                                world_size=n, what="messages sent",
+                                hint="reduce-scatter (n-1 steps) then all-gather (n-1 steps)")
 
     _grade_all_reduce("Exercise 1.4", fn, world_sizes, sizes, traffic)
 

@@ -136,7 +136,7 @@ def _check_pair(output, input, factor, what):
 
 
 def reduce_scatter(output, input, op=ReduceOp.SUM):
-    """Like ``dist.reduce_scatter_tensor``: ``input`` is K chunks the size of
+    """Like ``dist.reduce_scatter_single`` (``reduce_scatter_tensor`` before 2.13): ``input`` is K chunks the size of
     ``output``; rank r's ``output`` gets the reduction of everyone's chunk r.
     K-1 messages of N/K per rank (N = input size); ``input`` is not modified."""
     world = dist.get_world_size()
@@ -156,7 +156,7 @@ def reduce_scatter(output, input, op=ReduceOp.SUM):
 
 
 def all_gather(output, input):
-    """Like ``dist.all_gather_into_tensor``: rank r's ``input`` lands in chunk r of
+    """Like ``dist.all_gather_single`` (``all_gather_into_tensor`` before 2.13): rank r's ``input`` lands in chunk r of
     every rank's ``output``. K-1 messages of N/K per rank (N = output size)."""
     world = dist.get_world_size()
     _check_pair(output, input, world, "all_gather")

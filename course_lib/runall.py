@@ -38,6 +38,10 @@ def run_notebooks(solutions, out, params, only=None, timeout=1800):
 
 
 def main(argv=None):
+    import logging
+
+    # papermill's --log-output goes through logging: show each cell's output live
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(prog="python -m course_lib.runall", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--solutions", default="solutions")
