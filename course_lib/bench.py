@@ -2,6 +2,7 @@
 
     python -m course_lib.bench launch --nproc 4 --repeat 5   # cost of one run()
     python -m course_lib.bench collectives --nproc 4 --sizes 4K:64M --json out.json
+    python -m course_lib.bench ddp --nproc 2 --bucket-mb 25 --sweep 1,4,16,64
 
 Timings vary run to run (+-30% on a small CPU machine): the tables report
 medians, and comparisons are ratios measured side by side in one job.
@@ -54,8 +55,33 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--target-s", type=float, default=0.3, help="seconds per measurement")
     p.add_argument("--json", default=None)
+    p = sub.add_parser("ddp", help="our DDP variants vs torch DDP, and a bucket sweep")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--sweep", default="1,4,16,64", help="bucket sizes (MB) to sweep")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--json", default=None)
     ns = parser.parse_args(argv)
-    if ns.what == "launch":
+    if ns.what == "ddp":
+        from . import bench_ddp as bd
+        from .launch import run
+
+        shape = dict(width=ns.width, depth=ns.depth, batch=ns.batch)
+        times = run(bd.measure, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
+                    timeout=3600, **shape)[0]
+        traced = run(bd.traced_overlap, bucket_mb=ns.bucket_mb, nproc=ns.nproc,
+                     backend=ns.backend, timeout=600, **shape)
+        caps = [float(c) for c in ns.sweep.split(",") if c.strip()]
+        sweep = run(bd.bucket_sweep, caps, nproc=ns.nproc, backend=ns.backend, timeout=3600,
+                    **shape)[0]
+        overlap = bd.overlap_of(traced.trace)
+        print(bd.format_tables(times, sweep, overlap, ns.nproc, ns.bucket_mb))
+        result = {"step_s": times, "overlap": overlap, "buckets": traced[0],
+                  "sweep": {str(k): {"ours_s": v[0], "torch_s": v[1]} for k, v in sweep.items()}}
+    elif ns.what == "launch":
         result = bench_launch(ns.nproc, ns.repeat)
         print(f"run(trivial, nproc={ns.nproc}) x{ns.repeat}: median {result['median_s']:.2f} s "
               f"(min {result['min_s']:.2f}, max {result['max_s']:.2f})")

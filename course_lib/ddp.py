@@ -33,6 +33,10 @@ from . import trace
 from .ddp_buckets import Bucket, assign_buckets, make_all_reduce
 
 
+def _now_ns():
+    return trace.get_tracer().clock() if trace.get_tracer() else 0
+
+
 def _queue_end_of_backward(callback):
     """Run ``callback`` once the current backward pass has finished."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
@@ -135,7 +139,7 @@ class DDP(_DataParallel):
                               first_cap_bytes=int(first_bucket_mb * 2**20))
         self.buckets = [Bucket(i, [self.params[j] for j in idx]) for i, idx in enumerate(plan)]
         self._locate = {id(p): (b, k) for b in self.buckets for k, p in enumerate(b.params)}
-        self.launch_order = []  # bucket indices in the order they were launched (last step)
+        self.launched = []  # bucket indices in the order they were launched (last step)
         self._reset()
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._hook)
@@ -147,7 +151,7 @@ class DDP(_DataParallel):
         return [[index[id(p)] for p in b.params] for b in self.buckets]
 
     def _reset(self):
-        self._next, self._queued = 0, False
+        self._next, self._queued, self._first_hook_ns = 0, False, None
         for b in self.buckets:
             b.reset()
 
@@ -157,7 +161,8 @@ class DDP(_DataParallel):
             return
         if not self._queued:
             self._queued = True
-            self.launch_order = []
+            self.launched = []
+            self._first_hook_ns = _now_ns()
             _queue_end_of_backward(self._finish)
         bucket, slot = self._locate[id(param)]
         bucket.mark_ready(slot, param.grad, self.world)
@@ -171,11 +176,14 @@ class DDP(_DataParallel):
             bucket.work = trace.async_span(f"bucket {bucket.index}", "comm",
                                            self.launch(bucket.buffer),
                                            bytes=bucket.buffer.nbytes)
-            self.launch_order.append(bucket.index)
+            self.launched.append(bucket.index)
             self._next += 1
 
     def _finish(self):
         """End of backward: finish the buckets, copy the averages back."""
+        tracer = trace.get_tracer()
+        if tracer is not None:  # gradient computation: first hook to end of backward
+            tracer.record("backward", "compute", self._first_hook_ns, _now_ns())
         for bucket in self.buckets[self._next:]:
             bucket.fill_missing(self.world)  # unused parameters: zeros, same collectives
         self._launch_ready()
