@@ -135,7 +135,7 @@ def test_a_gradient_marked_twice_is_a_clear_error():
 
 def test_deep_mlp_buckets_follow_reverse_order():
     def plan():
-        model = DDP(deep_mlp(64, 4), bucket_cap_mb=0.02, first_bucket_mb=0.02)
+        model = DDP(deep_mlp(64, 4), bucket_cap_mb=0.01, first_bucket_mb=0.01)
         return model.bucket_plan, [p.numel() * 4 for p in model.params]
 
     buckets, sizes = run(plan, nproc=2)[0]
