@@ -65,14 +65,20 @@ class Bucket:
         return self.buffer[start:start + self.params[slot].numel()]
 
     def mark_ready(self, slot, grad, world):
-        """Copy one gradient in, pre-divided by K, so that a SUM all-reduce
-        leaves the average."""
+        """Put one gradient in, pre-divided by K, so that a SUM all-reduce leaves
+        the average. After the first step each .grad *is* a view of the buffer
+        (torch's gradient_as_bucket_view), so autograd accumulates straight into
+        the bucket and this is a division in place, not a copy."""
         if self.ready[slot]:
             raise RuntimeError(
                 f"the gradient of a parameter in bucket {self.index} became ready twice in one "
                 "backward pass. DDP synchronises once per backward: call backward once per "
                 "step, or use no_sync() for the extra passes.")
-        torch.div(grad.reshape(-1), world, out=self._view(slot))
+        view = self._view(slot)
+        if grad.data_ptr() == view.data_ptr():
+            view.div_(world)
+        else:
+            torch.div(grad.reshape(-1), world, out=view)
         self.ready[slot] = True
         self.pending -= 1
 
@@ -84,12 +90,11 @@ class Bucket:
                 self.mark_ready(slot, p.grad if p.grad is not None else torch.zeros_like(p), world)
 
     def write_back(self):
+        """Make every .grad the averaged slice of the buffer (a view: no copy)."""
         for slot, p in enumerate(self.params):
-            averaged = self._view(slot).view_as(p)
-            if p.grad is None:
-                p.grad = averaged.clone()
-            else:
-                p.grad.copy_(averaged)
+            view = self._view(slot)
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view.view_as(p)
 
 
 class _ThreadWork:
