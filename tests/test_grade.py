@@ -8,7 +8,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_lib import grade
-from course_lib.labgen import make_lab
+from course_lib.labgen import exercises_in, make_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,16 +63,19 @@ def test_missing_folder_is_an_error(tmp_path):
 
 
 @pytest.mark.notebook
-def test_lab00_stubs_fail_their_checks_with_not_implemented(tmp_path):
-    """The generated lab, run as a student would before writing anything."""
-    sub = tmp_path / "00_launch.ipynb"
-    shutil.copy(ROOT / "labs" / "00_launch.ipynb", sub)
-    lab = make_lab(nbformat.read(ROOT / "solutions" / "00_launch.ipynb", as_version=4))
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb")))
+def test_lab_stubs_fail_their_checks_with_not_implemented(name, tmp_path):
+    """Each generated lab, run as a student would before writing anything: every
+    check cell fails with NotImplementedError naming its exercise."""
+    sub = tmp_path / name
+    shutil.copy(ROOT / "labs" / name, sub)
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    lab = make_lab(solution)
     nb, check_ids = grade.execute_submission(sub, lab)
     assert grade.passed_exercises(nb, check_ids) == set()
     errors = {}
     for cell in nb.cells:
         if cell.get("id") in check_ids:
             (err,) = [o for o in cell.outputs if o.output_type == "error"]
-            errors[err.evalue.split(" is not")[0]] = err.ename
-    assert errors == {f"Exercise 0.{i}": "NotImplementedError" for i in (1, 2, 3)}
+            errors[err.evalue.split(" is not")[0].split(":")[0]] = err.ename
+    assert errors == {ex: "NotImplementedError" for ex, _ in exercises_in(solution)}
