@@ -81,6 +81,7 @@ def _user_traceback(exc):
 
 def _run_job(job, spec, rank):
     import cloudpickle
+    import torch
 
     from . import trace
     from .backend import current_device, init_distributed
@@ -93,7 +94,10 @@ def _run_job(job, spec, rank):
         runpy.run_path(script["path"], run_name="__main__")
         return None, None
     obj = cloudpickle.loads(payload)
-    init_distributed(spec["backend"], timeout_s=spec["timeout"] + 60)
+    backend = init_distributed(spec["backend"], timeout_s=spec["timeout"] + 60)
+    if backend == "nccl":
+        # notebook code says torch.zeros(...): on a GPU rank that should mean its GPU
+        torch.set_default_device(current_device())
     trace.start()
     import torch.distributed as dist
 

@@ -22,7 +22,7 @@ def char_corpus(seq_len, text=None):
     shifted by one. The vocabulary is the text's sorted set of characters."""
     text = text if text is not None else TEXT.read_text()
     chars = sorted(set(text))
-    ids = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    ids = torch.tensor([chars.index(c) for c in text], dtype=torch.long, device="cpu")
     n = (len(ids) - 1) // seq_len
     inputs = ids[: n * seq_len].view(n, seq_len)
     targets = ids[1: n * seq_len + 1].view(n, seq_len)
@@ -32,9 +32,9 @@ def char_corpus(seq_len, text=None):
 def regression_batch(n, inputs=32, outputs=10, seed=0):
     """x ~ N(0, 1), y = a fixed random linear map of x plus noise."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, inputs, generator=gen)
-    w = torch.randn(inputs, outputs, generator=torch.Generator().manual_seed(12345))
-    return x, x @ w / inputs**0.5 + 0.1 * torch.randn(n, outputs, generator=gen)
+    x = torch.randn(n, inputs, generator=gen, device="cpu")
+    w = torch.randn(inputs, outputs, generator=torch.Generator().manual_seed(12345), device="cpu")
+    return x, x @ w / inputs**0.5 + 0.1 * torch.randn(n, outputs, generator=gen, device="cpu")
 
 
 class ShardedSampler:
@@ -58,7 +58,7 @@ class ShardedSampler:
     def __iter__(self):
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.length, generator=gen).tolist()
+            order = torch.randperm(self.length, generator=gen, device="cpu").tolist()
         else:
             order = list(range(self.length))
         total = len(self) * self.world
@@ -73,5 +73,5 @@ def batches(inputs, targets, sampler, batch_size):
     """Yield (input, target) batches of one rank's shard, in sampler order."""
     index = list(sampler)
     for start in range(0, len(index) - batch_size + 1, batch_size):
-        chosen = torch.tensor(index[start:start + batch_size])
+        chosen = torch.tensor(index[start:start + batch_size], device="cpu")
         yield inputs[chosen], targets[chosen]

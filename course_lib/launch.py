@@ -10,6 +10,9 @@ and returns the per-rank return values::
         return dist.get_rank() * 10
     run(hello, nproc=3)            # -> [0, 10, 20]
 
+Under NCCL each rank's default device is its GPU (``torch.set_default_device``),
+so tensors a notebook function creates land on the rank's GPU.
+
 Failures are loud and bounded: a rank that raises gives :class:`LaunchError`
 with that rank's traceback; a job still running at ``timeout`` gives
 :class:`LaunchTimeout` with the Python stack of every rank still alive.

@@ -114,12 +114,12 @@ def init_deterministic(model: nn.Module, seed: int):
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("bias"):
-            value = torch.zeros(p.shape)
+            value = torch.zeros(p.shape, device="cpu")
         elif p.dim() == 1:  # LayerNorm weight
-            value = torch.ones(p.shape)
+            value = torch.ones(p.shape, device="cpu")
         else:
             std = 0.02 if p.dim() == 2 and "pos" not in name else 0.01
-            value = torch.randn(p.shape, generator=gen) * std
+            value = torch.randn(p.shape, generator=gen, device="cpu") * std
             if p.dim() == 2 and p.shape[1] > 0:
                 value *= min(1.0, math.sqrt(256 / p.shape[1]))
         p.copy_(value.to(p.device, p.dtype))
