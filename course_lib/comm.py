@@ -8,9 +8,9 @@ the counts to grade the algorithm, not just its answer::
         ring_all_reduce(x)
     stats.sent_messages, stats.sent_bytes        # 2(n-1), ~2(n-1)/n * x.nbytes
 
-:func:`exchange` posts all sends and receives of one step together through
-``batch_isend_irecv``, which is what keeps ring patterns deadlock-free on NCCL
-(separate blocking send/recv pairs can deadlock there).
+:func:`exchange` posts all sends and receives of one step together: through
+``batch_isend_irecv`` on NCCL, where separate blocking send/recv pairs can
+deadlock, and as plain non-blocking posts on gloo, which is as safe there.
 """
 from __future__ import annotations
 

@@ -165,22 +165,22 @@ def _launch(mode, payload, *, nproc, backend, timeout):
             start_new_session=True, preexec_fn=_procs.die_with_parent, text=True, bufsize=1,
             errors="replace",
         )
-        log = []
+        log, stacks = [], None
         try:
-            timed_out = _pump_output(proc, started + timeout, log)
-            if timed_out:
+            if _pump_output(proc, started + timeout, log):
                 stacks = _collect_stacks(job_dir, nproc, job_id)
-                _procs.kill_job(proc, job_id)
-                raise _timeout_error(timeout, nproc, stacks, log)
-            proc.wait()
+            else:
+                proc.wait()
+        finally:
+            # Runs on success, failure, timeout and KeyboardInterrupt alike.
             _procs.kill_job(proc, job_id)
+        try:
+            if stacks is not None:
+                raise _timeout_error(timeout, nproc, stacks, log)
             results = _collect(job_dir, nproc, proc.returncode, log)
         except LaunchError as exc:
             exc.port = port
             raise
-        finally:
-            # Runs on success, failure and KeyboardInterrupt alike.
-            _procs.kill_job(proc, job_id)
     results.port = port
     results.backend = backend
     results.wall_time = time.perf_counter() - started
