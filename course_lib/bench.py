@@ -68,6 +68,7 @@ def main(argv=None):
     if ns.what == "ddp":
         from . import bench_ddp as bd
         from .launch import run
+        from .trace_metrics import overlap_fraction
 
         shape = dict(width=ns.width, depth=ns.depth, batch=ns.batch)
         times = run(bd.measure, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
@@ -77,7 +78,7 @@ def main(argv=None):
         caps = [float(c) for c in ns.sweep.split(",") if c.strip()]
         sweep = run(bd.bucket_sweep, caps, nproc=ns.nproc, backend=ns.backend, timeout=3600,
                     **shape)[0]
-        overlap = bd.overlap_of(traced.trace)
+        overlap = overlap_fraction(traced.trace, "comm", "compute")
         print(bd.format_tables(times, sweep, overlap, ns.nproc, ns.bucket_mb))
         result = {"step_s": times, "overlap": overlap, "buckets": traced[0],
                   "sweep": {str(k): {"ours_s": v[0], "torch_s": v[1]} for k, v in sweep.items()}}

@@ -21,7 +21,6 @@ from .backend import current_device
 from .data import regression_batch
 from .ddp import DDP, FlatDDP, NaiveDDP
 from .models import deep_mlp
-from .trace_metrics import overlap_fraction
 
 
 class _Plain(torch.nn.Module):
@@ -35,17 +34,22 @@ class _Plain(torch.nn.Module):
         return self.module(x)
 
 
-def _variants(width, depth, bucket_mb, device):
-    def net():
-        return deep_mlp(width, depth, inputs=width, outputs=width).to(device)
+def _net(width, depth, device):
+    return deep_mlp(width, depth, inputs=width, outputs=width).to(device)
 
+
+def _torch_ddp(module, device, bucket_mb):
     ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=bucket_mb)
+
+
+def _variants(width, depth, bucket_mb, device):
     return {
-        "compute only": _Plain(net()),
-        "NaiveDDP": NaiveDDP(net()),
-        "FlatDDP": FlatDDP(net()),
-        "DDP (ours)": DDP(net(), bucket_cap_mb=bucket_mb),
-        "torch DDP": DistributedDataParallel(net(), device_ids=ids, bucket_cap_mb=bucket_mb),
+        "compute only": _Plain(_net(width, depth, device)),
+        "NaiveDDP": NaiveDDP(_net(width, depth, device)),
+        "FlatDDP": FlatDDP(_net(width, depth, device)),
+        "DDP (ours)": DDP(_net(width, depth, device), bucket_cap_mb=bucket_mb),
+        "torch DDP": _torch_ddp(_net(width, depth, device), device, bucket_mb),
     }
 
 
@@ -95,8 +99,7 @@ def traced_overlap(width=1024, depth=8, batch=64, bucket_mb=25.0):
     one traced step (run under the launcher; the launcher records traces)."""
     device = current_device()
     x, y = _batch(width, batch, device)
-    model = DDP(deep_mlp(width, depth, inputs=width, outputs=width).to(device),
-                bucket_cap_mb=bucket_mb)
+    model = DDP(_net(width, depth, device), bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     with trace.paused():
         _step(model, opt, x, y)
@@ -114,12 +117,8 @@ def bucket_sweep(bucket_mbs, width=1024, depth=8, batch=64, steps=5, rounds=3):
     x, y = _batch(width, batch, device)
     result = {}
     for cap in bucket_mbs:
-        pair = {"ours": DDP(deep_mlp(width, depth, inputs=width, outputs=width).to(device),
-                            bucket_cap_mb=cap)}
-        ids = [device.index] if device.type == "cuda" else None
-        pair["torch"] = DistributedDataParallel(
-            deep_mlp(width, depth, inputs=width, outputs=width).to(device),
-            device_ids=ids, bucket_cap_mb=cap)
+        pair = {"ours": DDP(_net(width, depth, device), bucket_cap_mb=cap),
+                "torch": _torch_ddp(_net(width, depth, device), device, cap)}
         opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in pair.items()}
         for k, m in pair.items():
             _step(m, opts[k], x, y)
@@ -129,10 +128,6 @@ def bucket_sweep(bucket_mbs, width=1024, depth=8, batch=64, steps=5, rounds=3):
                 samples[k].append(_time_steps(m, opts[k], x, y, steps, device))
         result[cap] = (statistics.median(samples["ours"]), statistics.median(samples["torch"]))
     return result
-
-
-def overlap_of(trace_obj):
-    return overlap_fraction(trace_obj, "comm", "compute")
 
 
 def format_tables(times, sweep, overlap, nproc, bucket_mb):

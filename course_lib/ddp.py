@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import trace
-from .ddp_buckets import Bucket, assign_buckets, make_all_reduce
+from .ddp_buckets import Bucket, assign_buckets, grad_or_zeros, make_all_reduce
 
 
 def _now_ns():
@@ -80,12 +80,6 @@ def _trainable(module):
     return params
 
 
-def _grad_or_zeros(p):
-    # A parameter this rank did not use still takes part, with a zero gradient,
-    # so that every rank launches the same collectives (and nobody hangs).
-    return p.grad if p.grad is not None else torch.zeros_like(p)
-
-
 class NaiveDDP(_DataParallel):
     """After backward, one all-reduce per gradient, then divide by K."""
 
@@ -103,7 +97,7 @@ class NaiveDDP(_DataParallel):
     def _sync(self):
         self._queued = False
         for p in self.params:
-            p.grad = _grad_or_zeros(p)
+            p.grad = grad_or_zeros(p)
             with trace.span("all_reduce grad", "comm", bytes=p.grad.nbytes):
                 self.launch(p.grad).wait()
             p.grad.div_(self.world)
@@ -114,7 +108,7 @@ class FlatDDP(NaiveDDP):
 
     def _sync(self):
         self._queued = False
-        grads = [_grad_or_zeros(p) for p in self.params]
+        grads = [grad_or_zeros(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         with trace.span("all_reduce flat", "comm", bytes=flat.nbytes):
             self.launch(flat).wait()

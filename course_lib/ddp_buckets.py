@@ -40,6 +40,12 @@ def assign_buckets(sizes_bytes, cap_bytes, keys=None, first_cap_bytes=None):
     return plan
 
 
+def grad_or_zeros(p):
+    """A parameter this rank did not use still takes part, with a zero gradient,
+    so that every rank launches the same collectives (and nobody hangs)."""
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
 class Bucket:
     """One flat buffer for the gradients of ``params`` (same dtype and device)."""
 
@@ -87,7 +93,7 @@ class Bucket:
         .grad holds (zeros if None)."""
         for slot, p in enumerate(self.params):
             if not self.ready[slot]:
-                self.mark_ready(slot, p.grad if p.grad is not None else torch.zeros_like(p), world)
+                self.mark_ready(slot, grad_or_zeros(p), world)
 
     def write_back(self):
         """Make every .grad the averaged slice of the buffer (a view: no copy)."""

@@ -161,7 +161,7 @@ def test_shapes_and_non_contiguous_tensors_are_reduced_in_place():
 
 
 def counted(fn_name, numel, segments=None):
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     with comm.counting() as stats:
         if fn_name == "all_reduce":
             C.all_reduce(torch.ones(numel))

@@ -1,5 +1,4 @@
 """Counted point-to-point ops under real torchrun (gloo), world size 3."""
-import pytest
 import torch
 import torch.distributed as dist
 

@@ -3,7 +3,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from conftest import ship_by_value
 from course_lib import checks_lab02, run
@@ -69,7 +68,7 @@ class Tricky(nn.Module):
 
 
 def tricky_step(no_sync_first):
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(rank)
     model = DDP(Tricky(), bucket_cap_mb=1e-4)
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
