@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 run: setup
-	$(BIN)/python -m course_lib.runall --quick
+	$(BIN)/python -m course_lib.grading.runall --quick
 
 test: setup
 	$(BIN)/python -m pytest
@@ -30,10 +30,10 @@ lab: setup
 	$(BIN)/jupyter lab labs/
 
 labs: setup
-	$(BIN)/python -m course_lib.labgen solutions labs
+	$(BIN)/python -m course_lib.grading.labgen solutions labs
 
 grade: setup
-	$(BIN)/python -m course_lib.grade $(SUBMISSIONS) --out $(GRADEBOOK)
+	$(BIN)/python -m course_lib.grading.gradebook $(SUBMISSIONS) --out $(GRADEBOOK)
 
 bench: setup
 	$(BIN)/python -m course_lib.bench collectives --nproc $(NPROC) --sizes 4K:64M

@@ -3,14 +3,25 @@
     from course_lib import run
     run(lambda: torch.distributed.get_rank(), nproc=3)   # [0, 1, 2]
 
+The package is laid out by layer; a lower layer never imports a higher one:
+
+    runtime/      launching torchrun jobs from a notebook (the only layer the notebook process needs)
+    comm, mesh    counted point-to-point on any process group; ParallelDims on a DeviceMesh
+    trace/        per-rank spans, merged timelines, metrics, Gantt charts
+    collectives/  Labs 00-01: p2p patterns, broadcast/reduce, ring collectives, cost model
+    ddp/          Lab 02: naive, flat and bucketed data parallelism
+    models, data  the course's models and data
+    grading/      checks, the lab generator, the gradebook, the papermill runner
+    bench/        ``python -m course_lib.bench <what>``
+
 ``%load_ext course_lib`` adds the ``%%torchrun`` cell magic.
 """
-from .launch import LaunchError, LaunchTimeout, Results, run, run_cell, run_script
+from course_lib.runtime import LaunchError, LaunchTimeout, Results, run, run_cell, run_script
 
 __all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout"]
 
 
 def load_ipython_extension(ipython):
-    from .magic import register
+    from course_lib.runtime.magic import register
 
     register(ipython)

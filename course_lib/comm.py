@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from . import trace
+from course_lib import trace
 
 
 @dataclass

@@ -7,7 +7,7 @@ import cloudpickle
 import psutil
 import pytest
 
-from course_lib import _procs
+from course_lib.runtime import procs
 
 # Jobs started by this test session (directly, or from a notebook kernel it runs)
 # inherit this variable; another session running on the same machine does not.
@@ -22,7 +22,7 @@ def job_processes():
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            if _procs.MARKER in env and env.get(SESSION_VAR) == os.environ[SESSION_VAR]:
+            if procs.MARKER in env and env.get(SESSION_VAR) == os.environ[SESSION_VAR]:
                 found.append(p)
         except (psutil.Error, OSError):
             continue

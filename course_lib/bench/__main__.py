@@ -1,0 +1,91 @@
+"""Benchmarks, measured as ratios in one run: ``python -m course_lib.bench WHAT``.
+
+    python -m course_lib.bench launch --nproc 4 --repeat 5   # cost of one run()
+    python -m course_lib.bench collectives --nproc 4 --sizes 4K:64M --json out.json
+    python -m course_lib.bench ddp --nproc 2 --bucket-mb 25 --sweep 1,4,16,64
+
+Timings vary run to run (+-30% on a small CPU machine): the tables report
+medians, and comparisons are ratios measured side by side in one job.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("launch", help="cost of launching one job")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", default=None)
+    p = sub.add_parser("collectives", help="ours vs torch's collectives, nccl-tests style")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--sizes", default="4K:64M", help="MIN:MAX bytes, e.g. 4K:64M")
+    p.add_argument("--factor", type=int, default=4, help="size step (nccl-tests -f)")
+    p.add_argument("--ops", default="all_reduce,reduce_scatter,all_gather,broadcast",
+                   help="comma-separated, from: all_reduce, naive_all_reduce, "
+                        "reduce_scatter, all_gather, broadcast, pipelined_broadcast")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--target-s", type=float, default=0.3, help="seconds per measurement")
+    p.add_argument("--json", default=None)
+    p = sub.add_parser("ddp", help="our DDP variants vs torch DDP, and a bucket sweep")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--sweep", default="1,4,16,64", help="bucket sizes (MB) to sweep")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--json", default=None)
+    ns = parser.parse_args(argv)
+    if ns.what == "ddp":
+        from course_lib.bench import ddp as bd
+        from course_lib.runtime.launcher import run
+        from course_lib.trace.metrics import overlap_fraction
+
+        shape = dict(width=ns.width, depth=ns.depth, batch=ns.batch)
+        times = run(bd.measure, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
+                    timeout=3600, **shape)[0]
+        traced = run(bd.traced_overlap, bucket_mb=ns.bucket_mb, nproc=ns.nproc,
+                     backend=ns.backend, timeout=600, **shape)
+        caps = [float(c) for c in ns.sweep.split(",") if c.strip()]
+        sweep = run(bd.bucket_sweep, caps, nproc=ns.nproc, backend=ns.backend, timeout=3600,
+                    **shape)[0]
+        overlap = overlap_fraction(traced.trace, "comm", "compute")
+        print(bd.format_tables(times, sweep, overlap, ns.nproc, ns.bucket_mb))
+        result = {"step_s": times, "overlap": overlap, "buckets": traced[0],
+                  "sweep": {str(k): {"ours_s": v[0], "torch_s": v[1]} for k, v in sweep.items()}}
+    elif ns.what == "launch":
+        from course_lib.bench.launch import bench_launch
+
+        result = bench_launch(ns.nproc, ns.repeat)
+        print(f"run(trivial, nproc={ns.nproc}) x{ns.repeat}: median {result['median_s']:.2f} s "
+              f"(min {result['min_s']:.2f}, max {result['max_s']:.2f})")
+    elif ns.what == "collectives":
+        from course_lib.bench import collectives as bc
+        from course_lib.runtime.launcher import run
+
+        ops = [o.strip() for o in ns.ops.split(",") if o.strip()]
+        unknown = sorted(set(ops) - set(bc.OPS))
+        if unknown:
+            parser.error(f"unknown ops {unknown}; choose from {list(bc.OPS)}")
+        sizes = bc.size_range(ns.sizes, ns.factor)
+        result = run(bc.measure, sizes, ops, ns.warmup, ns.target_s, nproc=ns.nproc,
+                     backend=ns.backend, timeout=3600)[0]
+        print(f"collectives on {ns.nproc} ranks:")
+        print(bc.format_table(result))
+    if getattr(ns, "json", None):
+        with open(ns.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

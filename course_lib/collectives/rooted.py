@@ -1,0 +1,112 @@
+"""Collectives with a root, and the naive all-reduce through one: broadcast (flat
+tree, chain, pipelined chain), reduce (chain), naive all-reduce (gather to the
+root, send back). Every message goes through :func:`course_lib.comm.exchange`
+(``batch_isend_irecv`` on NCCL), so they are safe there too."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course_lib import comm
+from course_lib.collectives.reduce_ops import Flat, ReduceOp, chunk_bounds, combine, validate
+
+__all__ = ["broadcast", "ring_broadcast", "pipelined_broadcast", "reduce", "naive_all_reduce"]
+
+
+# ---- one-to-all and all-to-one ---------------------------------------------------------
+def broadcast(tensor, src):
+    """Flat tree: ``src`` sends the whole tensor to every other rank in turn."""
+    validate(tensor, root=src)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1 or tensor.numel() == 0:
+        return tensor
+    data = Flat(tensor)
+    if rank == src:
+        for peer in range(world):
+            if peer != src:
+                comm.exchange(sends=[(data.flat, peer)])
+    else:
+        comm.exchange(recvs=[(data.flat, src)])
+    return data.done()
+
+
+def ring_broadcast(tensor, src):
+    """Chain src -> src+1 -> ... -> src-1: each rank receives the whole tensor and
+    forwards it, (K-1) N/B."""
+    return pipelined_broadcast(tensor, src, segments=1)
+
+
+def pipelined_broadcast(tensor, src, segments):
+    """Chain broadcast with the tensor cut into S segments. Chain position p
+    receives segment j at step j+p-1 and forwards it at step j+p, so all K ranks
+    are done after K-2+S steps of N/S bytes: (K-2+S) N/(S B), about N/B for S >> K."""
+    validate(tensor, root=src)
+    if not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"segments must be a positive integer, got {segments!r}")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1 or tensor.numel() == 0:
+        return tensor
+    data = Flat(tensor)
+    bounds = [b for b in chunk_bounds(data.flat.numel(), segments) if b[1] > b[0]]
+    pos = (rank - src) % world  # position in the chain; the root is 0
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(len(bounds) + world - 2):
+        send_seg, recv_seg = step - pos, step - pos + 1
+        sends = ([(data.flat[slice(*bounds[send_seg])], right)]
+                 if pos < world - 1 and 0 <= send_seg < len(bounds) else [])
+        recvs = ([(data.flat[slice(*bounds[recv_seg])], left)]
+                 if pos > 0 and 0 <= recv_seg < len(bounds) else [])
+        comm.exchange(sends, recvs)
+    return data.done()
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM):
+    """Chain reduce towards ``dst``: the partial result travels dst+1 -> dst+2 ->
+    ... -> dst, each rank combining its own tensor in. Only ``dst``'s tensor is
+    written; (K-1)(alpha + N/B)."""
+    validate(tensor, op, root=dst)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = Flat(tensor)
+    if world > 1 and tensor.numel() > 0:
+        pos = (rank - dst - 1) % world  # dst+1 starts the chain, dst ends it
+        right, left = (rank + 1) % world, (rank - 1) % world
+        partial = data.flat if rank == dst else data.flat.clone()
+        if pos > 0:
+            incoming = torch.empty_like(partial)
+            comm.exchange(recvs=[(incoming, left)])
+            combine(partial, incoming, op)
+        if rank != dst:
+            comm.exchange(sends=[(partial, right)])
+    if rank == dst and op == ReduceOp.AVG:
+        data.flat.div_(world)
+    return data.done() if rank == dst else tensor
+
+
+# ---- all-to-all patterns ---------------------------------------------------------------
+def naive_all_reduce(tensor, op=ReduceOp.SUM, root=0):
+    """Everyone sends the whole tensor to ``root``, which reduces and sends the
+    result back to everyone: the root moves 2(K-1) N bytes, the others 2N."""
+    validate(tensor, op, root=root)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = Flat(tensor)
+    if world > 1 and tensor.numel() > 0:
+        if rank == root:
+            incoming = torch.empty_like(data.flat)
+            for peer in range(world):
+                if peer != root:
+                    comm.exchange(recvs=[(incoming, peer)])
+                    combine(data.flat, incoming, op)
+            if op == ReduceOp.AVG:
+                data.flat.div_(world)
+            for peer in range(world):
+                if peer != root:
+                    comm.exchange(sends=[(data.flat, peer)])
+        else:
+            comm.exchange(sends=[(data.flat, root)])
+            comm.exchange(recvs=[(data.flat, root)])
+        return data.done()
+    if op == ReduceOp.AVG:
+        data.flat.div_(world)
+    return data.done()
+
+

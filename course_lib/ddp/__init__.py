@@ -1,0 +1,12 @@
+"""Lab 02: distributed data parallelism, from the naive version to torch's design.
+
+- :mod:`~course_lib.ddp.naive`: :class:`NaiveDDP` (one all-reduce per gradient) and
+  :class:`FlatDDP` (one all-reduce of everything), both after backward
+- :mod:`~course_lib.ddp.buckets`: the bucket plan (pure data) and the flat buffers
+- :mod:`~course_lib.ddp.bucketed`: :class:`DDP`, buckets all-reduced during backward
+"""
+from course_lib.ddp.bucketed import DDP
+from course_lib.ddp.buckets import Bucket, assign_buckets
+from course_lib.ddp.naive import FlatDDP, NaiveDDP
+
+__all__ = ["DDP", "NaiveDDP", "FlatDDP", "Bucket", "assign_buckets"]

@@ -1,0 +1,147 @@
+"""Gradient buckets for :class:`course_lib.ddp.DDP`: the plan (pure data) and
+the buffers.
+
+:func:`assign_buckets` is the plan: walk the parameters in *reverse* order
+(backward produces the last layer's gradients first) and close a bucket as soon
+as it holds at least the cap; parameters of different dtype or device never
+share a bucket (one flat buffer each). Like torch, the first bucket is capped
+lower (1 MiB) so that the first all-reduce can start early in backward::
+
+    assign_buckets([40, 40, 40, 40], cap_bytes=80)   # [[3, 2], [1, 0]]
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+
+def assign_buckets(sizes_bytes, cap_bytes, keys=None, first_cap_bytes=None):
+    """Bucket plan: a list of buckets, each a list of parameter indices, in the
+    order the buckets will be all-reduced."""
+    if cap_bytes <= 0:
+        raise ValueError(f"bucket cap must be positive, got {cap_bytes} bytes")
+    keys = keys if keys is not None else [None] * len(sizes_bytes)
+    first_cap = cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes)
+    plan, open_buckets, closed_any = [], {}, set()
+    for index in reversed(range(len(sizes_bytes))):
+        key = keys[index]
+        bucket = open_buckets.setdefault(key, [[], 0])
+        bucket[0].append(index)
+        bucket[1] += sizes_bytes[index]
+        limit = cap_bytes if key in closed_any else first_cap
+        if bucket[1] >= limit:
+            plan.append(bucket[0])
+            closed_any.add(key)
+            del open_buckets[key]
+    # what is left closes in the order the buckets were opened
+    plan += [indices for indices, _ in open_buckets.values()]
+    return plan
+
+
+def grad_or_zeros(p):
+    """A parameter this rank did not use still takes part, with a zero gradient,
+    so that every rank launches the same collectives (and nobody hangs)."""
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+class Bucket:
+    """One flat buffer for the gradients of ``params`` (same dtype and device)."""
+
+    def __init__(self, index, params):
+        self.index, self.params = index, params
+        self.offsets, total = [], 0
+        for p in params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        self.reset()
+
+    def reset(self):
+        self.ready = [False] * len(self.params)
+        self.pending, self.work = len(self.params), None
+
+    @property
+    def complete(self):
+        return self.pending == 0
+
+    def _view(self, slot):
+        start = self.offsets[slot]
+        return self.buffer[start:start + self.params[slot].numel()]
+
+    def mark_ready(self, slot, grad, world):
+        """Put one gradient in, pre-divided by K, so that a SUM all-reduce leaves
+        the average. After the first step each .grad *is* a view of the buffer
+        (torch's gradient_as_bucket_view), so autograd accumulates straight into
+        the bucket and this is a division in place, not a copy."""
+        if self.ready[slot]:
+            raise RuntimeError(
+                f"the gradient of a parameter in bucket {self.index} became ready twice in one "
+                "backward pass. DDP synchronises once per backward: call backward once per "
+                "step, or use no_sync() for the extra passes.")
+        view = self._view(slot)
+        if grad.data_ptr() == view.data_ptr():
+            view.div_(world)
+        else:
+            torch.div(grad.reshape(-1), world, out=view)
+        self.ready[slot] = True
+        self.pending -= 1
+
+    def fill_missing(self, world):
+        """Parameters whose hook did not fire this pass contribute what their
+        .grad holds (zeros if None)."""
+        for slot, p in enumerate(self.params):
+            if not self.ready[slot]:
+                self.mark_ready(slot, grad_or_zeros(p), world)
+
+    def write_back(self):
+        """Make every .grad the averaged slice of the buffer (a view: no copy)."""
+        for slot, p in enumerate(self.params):
+            view = self._view(slot)
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view.view_as(p)
+
+
+class _ThreadWork:
+    """A ``dist.Work``-like handle for an all-reduce running on a helper thread."""
+
+    def __init__(self, future):
+        self._future = future
+
+    def wait(self, timeout=None):
+        self._future.result(timeout)
+        return True
+
+    def get_future(self):
+        raise RuntimeError("no torch future: the tracer observes wait() instead")
+
+
+class _DoneWork:
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        raise RuntimeError("already done")
+
+
+def make_all_reduce(kind):
+    """``launch(tensor) -> work``: an asynchronous SUM all-reduce.
+
+    "torch": ``dist.all_reduce(async_op=True)``. "ring": course_lib's ring,
+    run on one helper thread so that it overlaps backward (one thread keeps the
+    buckets in order). A callable: ``fn(tensor)`` returning a work, or None when
+    it reduced in place synchronously."""
+    if kind == "torch":
+        return lambda tensor: dist.all_reduce(tensor, async_op=True)
+    if kind == "ring":
+        from course_lib.collectives.ring import all_reduce
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddp-ring")
+        return lambda tensor: _ThreadWork(pool.submit(all_reduce, tensor))
+    if callable(kind):
+        def launch(tensor):
+            work = kind(tensor)
+            return _DoneWork() if work is None else work
+        return launch
+    raise ValueError(f"all_reduce must be 'torch', 'ring' or a callable, got {kind!r}")

@@ -1,0 +1,109 @@
+"""Data parallelism the simple way: a full replica per rank, gradients averaged after backward.
+
+Every rank holds a full replica, computes gradients on its own shard of the
+batch, and before the optimizer step every gradient is replaced by its average
+over the K ranks. Then all replicas take the same step and stay identical.
+
+- :class:`NaiveDDP` all-reduces each gradient on its own after backward: one
+  collective per parameter, each paying the latency alpha.
+- :class:`FlatDDP` copies all gradients into one flat buffer and all-reduces it
+  once after backward: one alpha, but no overlap with backward.
+
+The bucketed version that overlaps with backward is :class:`course_lib.ddp.DDP`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from course_lib import trace
+from course_lib.ddp.buckets import grad_or_zeros, make_all_reduce
+
+
+def _now_ns():
+    return trace.get_tracer().clock() if trace.get_tracer() else 0
+
+
+def _queue_end_of_backward(callback):
+    """Run ``callback`` once the current backward pass has finished."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+class _DataParallel(nn.Module):
+    """Shared parts: replicate from rank 0, find trainable parameters, no_sync."""
+
+    def __init__(self, module, all_reduce="torch"):
+        super().__init__()
+        self.module = module
+        self.world = dist.get_world_size()
+        self.launch = make_all_reduce(all_reduce)
+        self.params = _trainable(module)
+        self.require_sync = True
+        with torch.no_grad():  # every replica starts from rank 0's weights
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally inside the block; the first backward
+        outside it synchronises the accumulated sum."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+
+def _trainable(module):
+    """Parameters with requires_grad, each once (tied weights are one parameter)."""
+    seen, params = set(), []
+    for p in module.parameters():  # already de-duplicates shared parameters
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            params.append(p)
+    return params
+
+
+class NaiveDDP(_DataParallel):
+    """After backward, one all-reduce per gradient, then divide by K."""
+
+    def __init__(self, module, all_reduce="torch"):
+        super().__init__(module, all_reduce)
+        self._queued = False
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, param):
+        if self.require_sync and not self._queued:
+            self._queued = True
+            _queue_end_of_backward(self._sync)
+
+    def _sync(self):
+        self._queued = False
+        for p in self.params:
+            p.grad = grad_or_zeros(p)
+            with trace.span("all_reduce grad", "comm", bytes=p.grad.nbytes):
+                self.launch(p.grad).wait()
+            p.grad.div_(self.world)
+
+
+class FlatDDP(NaiveDDP):
+    """After backward, all gradients in one flat buffer, one all-reduce."""
+
+    def _sync(self):
+        self._queued = False
+        grads = [grad_or_zeros(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with trace.span("all_reduce flat", "comm", bytes=flat.nbytes):
+            self.launch(flat).wait()
+        flat.div_(self.world)
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
+            offset += g.numel()

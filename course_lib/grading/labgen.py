@@ -1,0 +1,177 @@
+"""Generate student labs from solution notebooks (nbgrader's markers).
+
+In ``solutions/NN_name.ipynb`` every region between ``### BEGIN SOLUTION`` and
+``### END SOLUTION`` becomes, in ``labs/NN_name.ipynb``, a stub at the
+marker's indentation::
+
+    raise NotImplementedError("Exercise 0.2: token ring")
+
+The exercise id and title come from the nearest markdown heading above that
+reads ``Exercise N.M: title``. ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN
+TESTS`` regions are dropped. Outputs and execution counts are cleared. A
+marker left open, nested, closed without opening, or a solution with no
+exercise heading above it is an error naming the notebook, cell and line.
+
+    python -m course_lib.grading.labgen solutions labs            # write labs/
+    python -m course_lib.grading.labgen solutions labs --check    # exit 1 if labs/ is stale
+    python -m course_lib.grading.labgen --record solutions/00_launch.ipynb   # nbval's outputs
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+EXERCISE_HEADING = re.compile(r"^#+\s.*?(Exercise\s+(\d+\.\d+))\s*[:.\-–—]?\s*(.*)$", re.M)
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+MARKDOWN_STUB = "_Your answer here._"
+
+
+class LabGenError(ValueError):
+    pass
+
+
+def exercises_in(nb):
+    """[(id, title)] of the exercise headings of a notebook, in order."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            found += [(m.group(1), m.group(3).strip()) for m in EXERCISE_HEADING.finditer(cell.source)]
+    return found
+
+
+def strip_source(source, exercise, where, markdown=False):
+    """Replace solution regions in one cell's source; drop hidden-test regions."""
+    out, region, indent, start = [], None, "", 0
+    for lineno, line in enumerate(source.splitlines(), 1):
+        marker = line.strip()
+        if marker in (BEGIN, BEGIN_HIDDEN):
+            if region is not None:
+                raise LabGenError(f"{where}, line {lineno}: {marker!r} inside an open {region!r} "
+                                  f"(opened on line {start}); markers cannot nest")
+            if marker == BEGIN and exercise is None:
+                raise LabGenError(f"{where}, line {lineno}: a solution region with no "
+                                  f"'Exercise N.M: title' heading above it")
+            region, indent, start = marker, line[: len(line) - len(line.lstrip())], lineno
+            if marker == BEGIN:
+                ex_id, title = exercise
+                label = f"{ex_id}: {title}" if title else ex_id
+                out.append(MARKDOWN_STUB if markdown else
+                           f"{indent}raise NotImplementedError({label!r})")
+        elif marker in (END, END_HIDDEN):
+            expected = BEGIN if marker == END else BEGIN_HIDDEN
+            if region != expected:
+                raise LabGenError(f"{where}, line {lineno}: {marker!r} without a matching "
+                                  f"{expected!r}")
+            region = None
+        elif region is None:
+            out.append(line)
+    if region is not None:
+        raise LabGenError(f"{where}, line {start}: {region!r} is never closed")
+    return "\n".join(out)
+
+
+def make_lab(nb, name="notebook"):
+    """A new notebook: ``nb`` with solutions stubbed and outputs cleared."""
+    lab = nbformat.reads(nbformat.writes(nb), as_version=4)
+    exercise = None
+    for index, cell in enumerate(lab.cells):
+        where = f"{name}, cell {index}"
+        if cell.cell_type == "markdown":
+            source = cell.source
+            headings = list(EXERCISE_HEADING.finditer(source))
+            cell.source = strip_source(source, exercise, where, markdown=True)
+            if headings:
+                exercise = (f"Exercise {headings[-1].group(2)}", headings[-1].group(3).strip())
+        elif cell.cell_type == "code":
+            cell.source = strip_source(cell.source, exercise, where)
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("papermill", None)
+    lab.metadata = {"kernelspec": dict(KERNELSPEC),
+                    "language_info": {"name": "python"}}
+    return lab
+
+
+def render(nb):
+    return nbformat.writes(nb) + "\n"
+
+
+def generate(solutions_dir, labs_dir, check=False):
+    """Write (or, with ``check``, compare) every lab. Returns the stale lab paths."""
+    solutions_dir, labs_dir = Path(solutions_dir), Path(labs_dir)
+    stale = []
+    sources = sorted(solutions_dir.glob("[0-9][0-9]_*.ipynb"))
+    if not sources:
+        raise LabGenError(f"no solution notebooks (NN_name.ipynb) in {solutions_dir}")
+    for src in sources:
+        text = render(make_lab(nbformat.read(src, as_version=4), src.name))
+        dst = labs_dir / src.name
+        if not dst.exists() or dst.read_text() != text:
+            stale.append(dst)
+            if not check:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text)
+    expected = {s.name for s in sources}
+    orphans = [p for p in sorted(labs_dir.glob("*.ipynb")) if p.name not in expected]
+    if not check:
+        for path in orphans:  # labs/ is generated: a lab without a solution goes
+            path.unlink()
+    return stale + orphans
+
+
+def record_checked_outputs(path, timeout=900):
+    """Execute a solution notebook and store outputs only in the cells nbval
+    compares (``# NBVAL_CHECK_OUTPUT``); every other cell is left without output."""
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    executed = nbformat.reads(nbformat.writes(nb), as_version=4)
+    NotebookClient(executed, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    for cell, done in zip(nb.cells, executed.cells):
+        if cell.cell_type != "code":
+            continue
+        checked = "NBVAL_CHECK_OUTPUT" in cell.source
+        cell.outputs = done.outputs if checked else []
+        cell.execution_count = done.execution_count if checked else None
+        cell.metadata.pop("execution", None)
+    nbformat.write(nb, path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m course_lib.grading.labgen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("solutions", nargs="?", default="solutions")
+    parser.add_argument("labs", nargs="?", default="labs")
+    parser.add_argument("--check", action="store_true", help="only report stale labs")
+    parser.add_argument("--record", metavar="NOTEBOOK", nargs="+",
+                        help="execute these solution notebooks and store the outputs of "
+                             "their NBVAL_CHECK_OUTPUT cells (authors only)")
+    ns = parser.parse_args(argv)
+    if ns.record:
+        for path in ns.record:
+            record_checked_outputs(path)
+            print(f"recorded checked outputs of {path}")
+    try:
+        stale = generate(ns.solutions, ns.labs, check=ns.check)
+    except LabGenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in stale:
+        print(("stale: " if ns.check else "wrote: ") + str(path))
+    if ns.check and stale:
+        print("labs/ is out of date: run `make labs`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Launching real torchrun jobs from a notebook, and what every rank needs to start.
+
+- :mod:`~course_lib.runtime.launcher`: ``run``, ``run_cell``, ``run_script`` (the notebook side)
+- :mod:`~course_lib.runtime.worker`: what torchrun starts on each rank
+- :mod:`~course_lib.runtime.procs`: finding and ending every process of a job
+- :mod:`~course_lib.runtime.backend`: ``backend="auto"``, joining the process group
+- :mod:`~course_lib.runtime.magic`: the ``%%torchrun`` cell magic
+"""
+from course_lib.runtime.backend import current_device, init_distributed, resolve_backend
+from course_lib.runtime.launcher import (LaunchError, LaunchTimeout, Results, run, run_cell,
+                                         run_script)
+
+__all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout",
+           "current_device", "init_distributed", "resolve_backend"]

@@ -1,0 +1,46 @@
+"""Benchmarks run end to end (tiny sizes); no assertion on time, only on shape."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from course_lib.bench import collectives as bc
+from course_lib.bench.launch import bench_launch
+
+
+def test_size_parsing_and_ranges():
+    assert bc.parse_size("4K") == 4096 and bc.parse_size("64M") == 64 << 20
+    assert bc.parse_size("1.5kb") == 1536 and bc.parse_size("100") == 100
+    assert bc.size_range("4K:64K") == [4096, 16384, 65536]
+    assert bc.size_range("1M", factor=2) == [1 << 20]
+
+
+def test_collectives_benchmark_table_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "course_lib.bench", "collectives", "--nproc", "3",
+                           "--sizes", "4K:16K", "--ops", "all_reduce,reduce_scatter,all_gather,"
+                           "broadcast,naive_all_reduce,pipelined_broadcast", "--target-s", "0.02",
+                           "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert len(rows) == 2 * 6
+    for row in rows:
+        assert row["nproc"] == 3 and row["ours"]["time_s"] > 0 and row["torch"]["time_s"] > 0
+        factor = {"all_reduce": 4 / 3, "naive_all_reduce": 4 / 3, "reduce_scatter": 2 / 3,
+                  "all_gather": 2 / 3}.get(row["op"], 1.0)
+        assert row["ours"]["busbw"] == pytest.approx(row["ours"]["algbw"] * factor)
+        assert row["ratio"] == pytest.approx(row["ours"]["busbw"] / row["torch"]["busbw"])
+    assert "ratio" in proc.stdout and "all_reduce" in proc.stdout
+
+
+def test_unknown_op_is_refused():
+    proc = subprocess.run([sys.executable, "-m", "course_lib.bench", "collectives", "--ops", "gossip"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown ops" in proc.stderr
+
+
+def test_launch_benchmark_reports_a_median():
+    result = bench_launch(nproc=2, repeat=2)
+    assert result["min_s"] <= result["median_s"] <= result["max_s"] and len(result["times_s"]) == 2

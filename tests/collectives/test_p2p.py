@@ -1,0 +1,87 @@
+"""Lab 00's reference patterns pass Lab 00's checks; broken versions fail them
+with the message a student would need."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ship_by_value
+from course_lib import comm, run
+from course_lib.collectives import p2p
+from course_lib.grading import checks, lab00
+
+ship_by_value(__name__)
+
+
+def test_reference_implementations_pass_their_checks(capsys):
+    lab00.check_ping_pong(p2p.ping_pong)
+    lab00.check_token_ring(p2p.token_ring)
+    lab00.check_ring_shift(p2p.ring_shift)
+    out = capsys.readouterr().out
+    for ex in ("0.1", "0.2", "0.3"):
+        assert f"✓ Exercise {ex} passed" in out
+
+
+def test_world_size_one_needs_no_messages():
+    x = torch.arange(5.0)
+    assert torch.equal(run(p2p.token_ring, x, nproc=1)[0], x)
+    assert torch.equal(run(p2p.ring_shift, x, nproc=1)[0], x)
+
+
+def test_measure_ping_pong_reports_sizes_on_rank_zero():
+    out = run(p2p.measure_ping_pong, p2p.ping_pong, [16, 4096], 3, 1, nproc=2)
+    assert list(out[0]) == [16, 4096] and all(t > 0 for t in out[0].values())
+    assert out[1] == {}
+
+
+def echo_plus_one(payload, iters):
+    rank, buf, times = dist.get_rank(), torch.empty_like(payload), []
+    for _ in range(iters):
+        if rank == 0:
+            comm.send(payload, 1)
+            comm.recv(buf, 1)
+            times.append(1e-3)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            comm.send(buf + 1, 0)
+    return (buf if rank < 2 else None), times
+
+
+def ring_without_adding(token):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        comm.send(token, 1)
+        back = torch.empty_like(token)
+        comm.recv(back, world - 1)
+        return back
+    got = torch.empty_like(token)
+    comm.recv(got, rank - 1)
+    comm.send(got, (rank + 1) % world)
+    return got
+
+
+def shift_twice(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty_like(x)
+    for _ in range(2):  # right answer, twice the messages
+        comm.exchange(sends=[(x, (rank + 1) % world)], recvs=[(out, (rank - 1) % world)])
+    return out
+
+
+def shift_send_first(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty_like(x)
+    comm.send(x, (rank + 1) % world)
+    comm.recv(out, (rank - 1) % world)
+    return out
+
+
+def test_broken_solutions_fail_with_actionable_messages():
+    with pytest.raises(checks.CheckFailed, match="Exercise 0.1: rank 0 .* the echoed payload"):
+        lab00.check_ping_pong(echo_plus_one, world_sizes=(2,))
+    with pytest.raises(checks.CheckFailed, match="(?s)Exercise 0.2: rank 0 .*Hint: rank r > 0 adds r"):
+        lab00.check_token_ring(ring_without_adding, world_sizes=(3,))
+    with pytest.raises(checks.CheckFailed, match=r"\(messages sent, received\): expected \(1, 1\), "
+                                                 r"got \(2, 2\)"):
+        lab00.check_ring_shift(shift_twice, world_sizes=(2,))
+    with pytest.raises(checks.CheckFailed, match="did not finish"):
+        lab00.check_ring_shift(shift_send_first, world_sizes=(3,), timeout=6)

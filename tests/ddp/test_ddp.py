@@ -1,0 +1,143 @@
+"""DDP variants under real torchrun (gloo) against single-process training."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from conftest import ship_by_value
+from course_lib import run
+from course_lib.grading import lab02
+from course_lib.ddp import DDP, FlatDDP, NaiveDDP
+from course_lib.ddp.buckets import assign_buckets
+from course_lib.models import deep_mlp
+
+ship_by_value(__name__)
+
+
+def test_bucket_plan_is_reverse_order_up_to_the_cap():
+    assert assign_buckets([40, 40, 40, 40], 80) == [[3, 2], [1, 0]]
+    assert assign_buckets([10, 100, 10], 50) == [[2, 1], [0]]
+    assert assign_buckets([100, 100, 100], 150, first_cap_bytes=50) == [[2], [1, 0]]
+    # dtypes never share a bucket; leftovers close in the order they were opened
+    assert assign_buckets([8, 8, 8, 8], 100, keys=["f", "h", "f", "h"]) == [[3, 1], [2, 0]]
+    with pytest.raises(ValueError):
+        assign_buckets([1], 0)
+
+
+def library_ddp(model, cap_mb):
+    return DDP(model, bucket_cap_mb=cap_mb, first_bucket_mb=cap_mb)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_bucketed_ddp_equals_single_process_training(world, capsys):
+    # the Lab 02 check trains 3 SGD steps from different per-rank initialisations and
+    # compares weights with one process on the concatenated batch (rtol 1e-4: fp32
+    # sums in another order), gradients across ranks exactly, and launch order
+    lab02.check_bucketed_ddp(library_ddp, world_sizes=(world,))
+    assert "✓ Exercise 2.3 passed" in capsys.readouterr().out
+
+
+def wrapped(kind):
+    return {"naive": NaiveDDP, "flat": FlatDDP,
+            "ring": lambda m: DDP(m, bucket_cap_mb=0.01, all_reduce="ring")}[kind]
+
+
+@pytest.mark.parametrize("kind", ["naive", "flat", "ring"])
+def test_other_variants_equal_single_process_training(kind):
+    outs = run(lab02._train, wrapped(kind), nproc=3)
+    lab02._grade_training("DDP " + kind, outs, 3, "")
+
+
+class Tricky(nn.Module):
+    """A frozen layer, a tied weight (used twice) and a branch unused on rank 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Linear(6, 6, bias=False)
+        self.frozen = nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.maybe = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 6, bias=False)
+        self.out.weight = self.emb.weight  # tied
+
+    def forward(self, x, use_branch=True):
+        h = torch.tanh(self.emb(x))
+        h = self.frozen(h)
+        if use_branch:
+            h = h + self.maybe(h)
+        return self.out(h)
+
+
+def tricky_step(no_sync_first):
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = DDP(Tricky(), bucket_cap_mb=1e-4)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+    if no_sync_first:
+        with model.no_sync():
+            model(x, use_branch=True).sum().backward()
+    model(x, use_branch=rank != 1).sum().backward()
+    return ({n: (p.grad.clone() if p.grad is not None else None)
+             for n, p in model.module.named_parameters()},
+            {n: p.detach().clone() for n, p in model.module.named_parameters()})
+
+
+def tricky_reference(world, no_sync_first):
+    """One process: rank 0's weights, each rank's loss, gradients averaged by hand."""
+    torch.manual_seed(0)
+    model = Tricky()
+    total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for rank in range(world):
+        model.zero_grad()
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
+        if no_sync_first:
+            model(x, use_branch=True).sum().backward()
+        model(x, use_branch=rank != 1).sum().backward()
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                total[n] += p.grad
+    return {n: g / world for n, g in total.items()}
+
+
+@pytest.mark.parametrize("no_sync_first", [False, True])
+def test_frozen_tied_and_unused_parameters(no_sync_first):
+    outs = run(tricky_step, no_sync_first, nproc=3, timeout=60)
+    want = tricky_reference(3, no_sync_first)
+    for grads, weights in outs:
+        assert grads["frozen.weight"] is None and grads["frozen.bias"] is None
+        assert "out.weight" not in grads  # tied: one parameter
+        for name in ("emb.weight", "maybe.weight", "maybe.bias"):
+            torch.testing.assert_close(grads[name], want[name], rtol=1e-5, atol=1e-6)
+        for name, w in weights.items():
+            torch.testing.assert_close(w, outs[0][1][name], rtol=0, atol=0)
+
+
+def double_backward():
+    model = DDP(nn.Linear(3, 3), bucket_cap_mb=1.0)
+    loss = model(torch.ones(2, 3)).sum()
+    loss.backward(retain_graph=True)
+    try:
+        # a second backward in the same step without no_sync re-synchronises, fine;
+        # but two passes over one parameter within one backward are impossible here,
+        # so check the guard directly
+        bucket = model.buckets[0]
+        bucket.mark_ready(0, torch.zeros(9), 1)
+        bucket.mark_ready(0, torch.zeros(9), 1)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_gradient_marked_twice_is_a_clear_error():
+    message = run(double_backward, nproc=2)[0]
+    assert message and "became ready twice" in message
+
+
+def test_deep_mlp_buckets_follow_reverse_order():
+    def plan():
+        model = DDP(deep_mlp(64, 4), bucket_cap_mb=0.01, first_bucket_mb=0.01)
+        return model.bucket_plan, [p.numel() * 4 for p in model.params]
+
+    buckets, sizes = run(plan, nproc=2)[0]
+    assert [i for b in buckets for i in b] == list(reversed(range(len(sizes))))
+    assert len(buckets) > 2

@@ -1,0 +1,81 @@
+"""The gradebook on real notebooks executed by a real kernel."""
+import csv
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course_lib.grading import gradebook as grade
+from course_lib.grading.labgen import exercises_in, make_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def check_cell(ex, expr):
+    cell = new_code_cell(f"from course_lib import checks\nassert {expr}, 'wrong'\n"
+                         f"checks.passed('Exercise {ex}')")
+    cell.metadata["tags"] = ["check"]
+    return cell
+
+
+@pytest.fixture
+def course(tmp_path):
+    nb = new_notebook(cells=[
+        new_markdown_cell("## Exercise 7.1: double"),
+        new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        check_cell("7.1", "double(2) == 4"),
+        new_markdown_cell("## Exercise 7.2: square"),
+        new_code_cell("def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION"),
+        check_cell("7.2", "square(3) == 9"),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    nbformat.write(nb, solutions / "07_demo.ipynb")
+    lab = make_lab(nb)
+    subs = tmp_path / "submissions"
+    for student in ("alice", "bob", "mallory"):
+        (subs / student).mkdir(parents=True)
+    nbformat.write(nb, subs / "alice" / "07_demo.ipynb")  # full marks
+    half = make_lab(nb)
+    half.cells[4].source = "def square(x):\n    return x ** 2"
+    nbformat.write(half, subs / "bob" / "07_demo.ipynb")  # one of two
+    cheat = make_lab(nb)
+    cheat.cells[2].source = "print('✓ Exercise 7.1 passed')"  # edits the check: restored
+    nbformat.write(cheat, subs / "mallory" / "07_demo.ipynb")
+    return solutions, subs, lab
+
+
+def test_gradebook_rows_and_columns(course, tmp_path):
+    solutions, subs, _ = course
+    out = tmp_path / "gradebook.csv"
+    assert grade.main([str(subs), "--solutions", str(solutions), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["student", "Exercise 7.1", "Exercise 7.2", "total"]
+    table = {r["student"]: (r["Exercise 7.1"], r["Exercise 7.2"], r["total"]) for r in rows}
+    assert table == {"alice": ("1", "1", "2"), "bob": ("0", "1", "1"), "mallory": ("0", "0", "0")}
+
+
+def test_missing_folder_is_an_error(tmp_path):
+    assert grade.main([str(tmp_path / "none")]) == 2
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "labs").glob("[0-9][0-9]_*.ipynb")))
+def test_lab_stubs_fail_their_checks_with_not_implemented(name, tmp_path):
+    """Each generated lab, run as a student would before writing anything: every
+    check cell fails with NotImplementedError naming its exercise."""
+    sub = tmp_path / name
+    shutil.copy(ROOT / "labs" / name, sub)
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    lab = make_lab(solution)
+    nb, check_ids = grade.execute_submission(sub, lab)
+    assert grade.passed_exercises(nb, check_ids) == set()
+    errors = {}
+    for cell in nb.cells:
+        if cell.get("id") in check_ids:
+            (err,) = [o for o in cell.outputs if o.output_type == "error"]
+            errors[err.evalue.split(" is not")[0].split(":")[0]] = err.ename
+    assert errors == {ex: "NotImplementedError" for ex, _ in exercises_in(solution)}
