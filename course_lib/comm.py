@@ -8,9 +8,22 @@ the counts to grade the algorithm, not just its answer::
         ring_all_reduce(x)
     stats.sent_messages, stats.sent_bytes        # 2(n-1), ~2(n-1)/n * x.nbytes
 
+Every call takes a process group (``group=None``: the world) and ranks *local
+to that group*, as torch's ``group_dst`` / ``group_src``: on a tensor-parallel
+group of global ranks {4, 5}, ``send(x, dst=1, group=tp)`` goes to global rank
+5, and the counters record peer 1.
+
+``tag`` keeps two streams between the same pair of ranks apart (a pipeline's
+activations and gradients). gloo matches a receive to a send by (peer, tag),
+in posting order within each tag. NCCL has no tags: it ignores them and
+matches messages between two ranks purely in the order they were posted, so
+code that must also run on NCCL posts its messages in the same order on both
+sides.
+
 :func:`exchange` posts all sends and receives of one step together: through
 ``batch_isend_irecv`` on NCCL, where separate blocking send/recv pairs can
 deadlock, and as plain non-blocking posts on gloo, which is as safe there.
+Non-blocking calls return a :class:`~course_lib.handle.Handle`.
 """
 from __future__ import annotations
 
@@ -21,6 +34,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from course_lib import trace
+from course_lib.handle import Handle
 
 
 @dataclass
@@ -68,12 +82,15 @@ def _nbytes(tensor):
 
 
 def _check_peer(peer, group):
-    world = dist.get_world_size(group)
-    if not isinstance(peer, int) or not 0 <= peer < world:
-        raise ValueError(f"peer must be a rank in [0, {world}), got {peer!r}")
-    me = dist.get_rank()
+    """``peer`` must be another member of ``group``, named by its group-local rank."""
+    me = dist.get_rank(group)
+    if me < 0:
+        raise ValueError(f"global rank {dist.get_rank()} is not a member of this process group")
+    size = dist.get_world_size(group)
+    if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < size:
+        raise ValueError(f"peer must be a group-local rank in [0, {size}), got {peer!r}")
     if peer == me:
-        raise ValueError(f"rank {me} tried to send to / receive from itself")
+        raise ValueError(f"rank {me} of the group tried to send to / receive from itself")
 
 
 def _count_send(tensor, peer):
@@ -87,69 +104,71 @@ def _count_recv(tensor, peer):
 
 
 def send(tensor, dst, group=None, tag=0):
-    """Blocking send of ``tensor`` to rank ``dst``."""
+    """Blocking send of ``tensor`` to group-local rank ``dst``."""
     _check_peer(dst, group)
     _count_send(tensor, dst)
     with trace.span(f"send→{dst}", "comm", bytes=_nbytes(tensor), peer=dst):
-        dist.send(tensor, dst, group=group, tag=tag)
+        dist.send(tensor, group=group, tag=tag, group_dst=dst)
 
 
 def recv(tensor, src, group=None, tag=0):
-    """Blocking receive into ``tensor`` from rank ``src``."""
+    """Blocking receive into ``tensor`` from group-local rank ``src``; returns ``src``."""
     _check_peer(src, group)
     _count_recv(tensor, src)
     with trace.span(f"recv←{src}", "comm", bytes=_nbytes(tensor), peer=src):
-        dist.recv(tensor, src, group=group, tag=tag)
+        dist.recv(tensor, group=group, tag=tag, group_src=src)
     return src
 
 
 def isend(tensor, dst, group=None, tag=0):
-    """Non-blocking send; returns a work to ``wait()`` on."""
+    """Non-blocking send to group-local rank ``dst``; returns a Handle. Do not
+    modify ``tensor`` until the handle has completed."""
     _check_peer(dst, group)
     _count_send(tensor, dst)
-    work = dist.isend(tensor, dst, group=group, tag=tag)
-    return trace.async_span(f"isend→{dst}", "comm", work, bytes=_nbytes(tensor), peer=dst)
+    handle = Handle.from_works(dist.isend(tensor, group=group, tag=tag, group_dst=dst))
+    return trace.async_span(f"isend→{dst}", "comm", handle, bytes=_nbytes(tensor), peer=dst)
 
 
 def irecv(tensor, src, group=None, tag=0):
-    """Non-blocking receive; returns a work to ``wait()`` on."""
+    """Non-blocking receive from group-local rank ``src``; returns a Handle."""
     _check_peer(src, group)
     _count_recv(tensor, src)
-    work = dist.irecv(tensor, src, group=group, tag=tag)
-    return trace.async_span(f"irecv←{src}", "comm", work, bytes=_nbytes(tensor), peer=src)
+    handle = Handle.from_works(dist.irecv(tensor, group=group, tag=tag, group_src=src))
+    return trace.async_span(f"irecv←{src}", "comm", handle, bytes=_nbytes(tensor), peer=src)
 
 
-def exchange_async(sends=(), recvs=(), group=None):
-    """Post every ``(tensor, peer)`` send and receive of one step at once; returns
-    the works (wait on all of them). On NCCL they go through ``batch_isend_irecv``
-    (one group call, so pairs cannot deadlock); gloo posts each message directly,
-    which is just as safe there and saves a coalescing pass per step."""
+def exchange_async(sends=(), recvs=(), group=None, tag=0):
+    """Post every ``(tensor, peer)`` send and receive of one step at once (peers
+    group-local); returns one Handle for the whole step. On NCCL they go through
+    ``batch_isend_irecv`` (one group call, so pairs cannot deadlock); gloo posts
+    each message directly, which is just as safe there and saves a coalescing
+    pass per step."""
     for _, peer in (*sends, *recvs):
         _check_peer(peer, group)
     if not sends and not recvs:
-        return []
+        return Handle.completed()
     for tensor, peer in sends:
         _count_send(tensor, peer)
     for tensor, peer in recvs:
         _count_recv(tensor, peer)
     if dist.get_backend(group) == "gloo":
         # receives first: a gloo sender pushes its bytes once the peer has posted
-        works = [dist.irecv(t, p, group=group) for t, p in recvs]
-        works += [dist.isend(t, p, group=group) for t, p in sends]
+        works = [dist.irecv(t, group=group, tag=tag, group_src=p) for t, p in recvs]
+        works += [dist.isend(t, group=group, tag=tag, group_dst=p) for t, p in sends]
     else:
-        ops = [dist.P2POp(dist.isend, t, p, group) for t, p in sends]
-        ops += [dist.P2POp(dist.irecv, t, p, group) for t, p in recvs]
+        ops = [dist.P2POp(dist.isend, t, group=group, tag=tag, group_peer=p) for t, p in sends]
+        ops += [dist.P2POp(dist.irecv, t, group=group, tag=tag, group_peer=p) for t, p in recvs]
         works = dist.batch_isend_irecv(ops)
+    handle = Handle.from_works(works)
     if trace.get_tracer() is None:
-        return works
+        return handle
     nbytes = sum(_nbytes(t) for t, _ in sends)
     peers = sorted({p for _, p in sends} | {p for _, p in recvs})
     # One span for the whole step: it ends when the last of its messages is done.
-    return trace.async_span("exchange " + ",".join(map(str, peers)), "comm", works,
+    return trace.async_span("exchange " + ",".join(map(str, peers)), "comm", handle,
                             bytes=nbytes, peer=(sends or recvs)[0][1], args_peers=peers)
 
 
-def exchange(sends=(), recvs=(), group=None):
+def exchange(sends=(), recvs=(), group=None, tag=0):
     """Blocking :func:`exchange_async`: returns when every message has arrived."""
-    for work in exchange_async(sends, recvs, group):
-        work.wait()
+    exchange_async(sends, recvs, group, tag).wait()

@@ -12,9 +12,15 @@ MLP D -> 4D -> D has biases (8D^2 + 5D) and two LayerNorms have weight and bias
 
     model = GPT(GPTConfig(vocab=64, dim=32, layers=2, heads=4, seq_len=16), seed=0)
     logits = model(tokens)            # (B, T) int64 -> (B, T, V)
+
+Weights depend only on (seed, parameter name): :func:`init_deterministic` draws
+each parameter from a generator seeded by its fully qualified name, so a
+pipeline stage or a tensor-parallel shard built alone can reproduce the full
+model's values (:func:`param_by_name` gives one parameter's full tensor).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -107,19 +113,59 @@ def deep_mlp(width=256, depth=4, inputs=32, outputs=10, seed=0):
     return model
 
 
+def param_seed(name: str, seed: int) -> int:
+    """The generator seed of parameter `name` (its fully qualified name in the
+    full model, e.g. "blocks.2.mlp.0.weight") under model seed `seed`.
+
+    A stable digest of both, not Python's hash(), which is salted per process:
+    every rank, process and machine gets the same number."""
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: any Generator takes it
+
+
+def param_by_name(name: str, shape, seed: int) -> torch.Tensor:
+    """The full float32 CPU tensor that parameter `name` of `shape` gets under
+    `seed`: zeros for biases, ones for other 1-D parameters (norm weights),
+    N(0, 0.02) for 2-D weights (0.01 for position embeddings, and for other
+    shapes) scaled down by sqrt(256 / fan_in) when fan_in > 256.
+
+    Only the name, shape and seed decide it, so a tensor-parallel rank can take
+    its slice of the full tensor without building the full model:
+
+        w = param_by_name("blocks.0.mlp.0.weight", (4 * D, D), seed)   # (4D, D)
+        shard = w.chunk(tp, dim=0)[tp_rank]                            # column parallel
+    """
+    # device="cpu" everywhere: under NCCL the rank's default device is its GPU,
+    # and the generator (hence the values) must not depend on that.
+    shape = torch.Size(shape)
+    if name.endswith("bias"):
+        return torch.zeros(shape, device="cpu")
+    if len(shape) == 1:
+        return torch.ones(shape, device="cpu")
+    gen = torch.Generator(device="cpu").manual_seed(param_seed(name, seed))
+    std = 0.02 if len(shape) == 2 and "pos" not in name else 0.01
+    value = torch.randn(shape, generator=gen, device="cpu") * std
+    if len(shape) == 2 and shape[1] > 0:
+        value *= min(1.0, math.sqrt(256 / shape[1]))
+    return value
+
+
 @torch.no_grad()
-def init_deterministic(model: nn.Module, seed: int):
-    """The same weights on any device and process for the same seed (a CPU
-    generator, then moved): N(0, 0.02) for weights, zeros for biases, ones for norms."""
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("bias"):
-            value = torch.zeros(p.shape, device="cpu")
-        elif p.dim() == 1:  # LayerNorm weight
-            value = torch.ones(p.shape, device="cpu")
-        else:
-            std = 0.02 if p.dim() == 2 and "pos" not in name else 0.01
-            value = torch.randn(p.shape, generator=gen, device="cpu") * std
-            if p.dim() == 2 and p.shape[1] > 0:
-                value *= min(1.0, math.sqrt(256 / p.shape[1]))
-        p.copy_(value.to(p.device, p.dtype))
+def init_deterministic(module: nn.Module, seed: int, prefix: str = "") -> nn.Module:
+    """Give every parameter of `module` its :func:`param_by_name` value, on any
+    device and dtype, in any process.
+
+    `prefix` is the module's own fully qualified name inside the full model, so
+    a part built alone gets the full model's weights: a pipeline stage holding
+    the GPT's blocks 2 and 3 initialises them as
+
+        for i, block in enumerate(stage.blocks, start=2):
+            init_deterministic(block, seed, prefix=f"blocks.{i}.")
+
+    Each parameter is drawn from its own generator (seeded by name), so the
+    order and the set of parameters a module holds do not change the values."""
+    if prefix and not prefix.endswith("."):
+        prefix += "."
+    for name, p in module.named_parameters():
+        p.copy_(param_by_name(prefix + name, p.shape, seed).to(p.device, p.dtype))
+    return module

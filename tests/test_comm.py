@@ -98,4 +98,89 @@ def test_bad_peers_raise_before_sending():
 
 
 def test_empty_exchange_is_a_no_op():
-    assert run(lambda: comm.exchange_async(), nproc=2) == [[], []]
+    assert run(lambda: comm.exchange_async().is_completed(), nproc=2) == [True, True]
+
+
+def on_sub_groups():
+    """Global ranks {0, 2} and {1, 3} form two groups; in each, group rank 0
+    sends to group rank 1 (global 0 -> 2 and 1 -> 3)."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    mine = groups[rank % 2]
+    me = dist.get_rank(mine)
+    x = torch.full((4,), float(rank))
+    with comm.counting() as stats:
+        if me == 0:
+            comm.send(x, 1, group=mine)
+            h = comm.isend(x * 10, 1, group=mine, tag=3)
+            h.wait()
+        else:
+            comm.recv(x, 0, group=mine)
+            y = torch.empty(4)
+            comm.irecv(y, 0, group=mine, tag=3).wait()
+            x = torch.stack([x, y])
+    wrong_member = None
+    try:  # a peer named by its global rank (2) is not a rank of a 2-member group
+        comm.send(x, 2, group=mine)
+    except ValueError as exc:
+        wrong_member = str(exc)
+    return me, x, stats.as_dict(), wrong_member
+
+
+def test_peers_are_group_local_and_counted_as_such():
+    outs = run(on_sub_groups, nproc=4, timeout=120)
+    for rank, (me, x, stats, wrong) in enumerate(outs):
+        assert me == rank // 2
+        source = rank % 2  # global rank of group rank 0
+        if me == 1:
+            assert torch.equal(x, torch.stack([torch.full((4,), float(source)),
+                                               torch.full((4,), 10.0 * source)]))
+            assert stats["recv_from"] == {0: 32} and stats["sent_messages"] == 0
+        else:
+            assert stats["sent_to"] == {1: 32} and stats["recv_messages"] == 0
+        assert "group-local rank in [0, 2)" in wrong
+
+
+def two_tagged_streams():
+    """Rank 0 sends an 'activation' (tag 1) then a 'gradient' (tag 2); rank 1
+    posts the gradient's receive first. gloo matches by (peer, tag)."""
+    rank = dist.get_rank()
+    if rank == 0:
+        first = comm.isend(torch.full((3,), 1.0), 1, tag=1)
+        second = comm.isend(torch.full((5,), 2.0), 1, tag=2)
+        first.wait()
+        second.wait()
+        return None
+    grad, act = torch.empty(5), torch.empty(3)
+    h_grad = comm.irecv(grad, 0, tag=2)
+    h_act = comm.irecv(act, 0, tag=1)
+    h_act.wait()
+    h_grad.wait()
+    return act, grad
+
+
+def test_tags_keep_two_streams_between_one_pair_apart():
+    act, grad = run(two_tagged_streams, nproc=2, backend="gloo", timeout=60)[1]
+    assert torch.equal(act, torch.full((3,), 1.0)) and torch.equal(grad, torch.full((5,), 2.0))
+
+
+def handles_everywhere():
+    from course_lib.handle import Handle
+
+    rank = dist.get_rank()
+    peer = 1 - rank
+    x, y = torch.full((8,), float(rank)), torch.empty(8)
+    handles = [comm.irecv(y, peer), comm.isend(x, peer)]
+    futures = [h.get_future() for h in handles]  # gloo p2p: completed by a waiter thread
+    torch.futures.wait_all(futures)
+    kinds = {type(h).__name__ for h in handles}
+    done = [h.is_completed() for h in handles]
+    step = comm.exchange_async(sends=[(x, peer)], recvs=[(y, peer)])
+    step.wait()
+    return kinds, done, isinstance(step, Handle), y[0].item()
+
+
+def test_every_async_call_returns_one_handle_type():
+    for rank, (kinds, done, is_handle, got) in enumerate(run(handles_everywhere, nproc=2)):
+        assert kinds == {"Handle"} and done == [True, True] and is_handle
+        assert got == float(1 - rank)

@@ -1,6 +1,8 @@
 """Pieces every collective shares: validation, reduction ops, chunking, buffers."""
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 
 import torch
@@ -11,7 +13,9 @@ _OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "AVG", ReduceOp.MAX: "MAX", ReduceOp.
         ReduceOp.PRODUCT: "PRODUCT"}
 
 
-def validate(tensor, op=None, root=None, name="tensor"):
+def validate(tensor, op=None, root=None, name="tensor", group=None):
+    """Raise ValueError, before any message is sent, for what torch would refuse.
+    ``root`` is a group-local rank of ``group``."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if op is not None:
@@ -20,8 +24,11 @@ def validate(tensor, op=None, root=None, name="tensor"):
         if op == ReduceOp.AVG and not (tensor.is_floating_point() or tensor.is_complex()):
             raise ValueError(f"AVG of {tensor.dtype} is not defined (as in torch): "
                              "use SUM and divide")
-    if root is not None and not 0 <= root < dist.get_world_size():
-        raise ValueError(f"root rank {root} is not in [0, {dist.get_world_size()})")
+    if root is not None and not 0 <= root < dist.get_world_size(group):
+        raise ValueError(f"root rank {root} is not in [0, {dist.get_world_size(group)}) "
+                         "(ranks are local to the process group)")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"global rank {dist.get_rank()} is not a member of this process group")
 
 
 def combine(acc, incoming, op, out=None):
@@ -42,12 +49,20 @@ def combine(acc, incoming, op, out=None):
 _scratch_cache = threading.local()
 
 
-def scratch(numel, like, slot):
+def group_key(group):
+    """A key naming a process group (None is the world)."""
+    return ("group", id(group if group is not None else dist.group.WORLD))
+
+
+def scratch(numel, like, slot, group=None):
     """A reusable receive buffer of ``numel`` elements (dtype and device of ``like``).
     Fresh allocations of tens of MB per call cost page faults comparable to the
-    transfer itself, so buffers are kept per thread and grown when needed."""
+    transfer itself, so buffers are kept and grown when needed. They belong to one
+    operation at a time: kept per thread (an asynchronous operation runs on its
+    group's own helper thread) and per process group, so two operations in
+    flight never share one."""
     cache = _scratch_cache.__dict__.setdefault("buffers", {})
-    key = (like.dtype, like.device, slot)
+    key = (group_key(group), like.dtype, like.device, slot)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
         buf = cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
@@ -80,6 +95,25 @@ class Flat:
         return self.tensor
 
 
-def ring_neighbours():
-    rank, world = dist.get_rank(), dist.get_world_size()
+def ring_neighbours(group=None):
+    """(rank, world size, right, left), all local to ``group``."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     return rank, world, (rank + 1) % world, (rank - 1) % world
+
+
+def asynchronous(fn):
+    """Give a collective ``async_op=False``: with True it runs on its group's helper
+    thread (operations of one group start in issue order, as on every rank) and
+    a :class:`~course_lib.handle.Handle` comes back at once."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, async_op=False, **kwargs):
+        if not async_op:
+            return fn(*args, **kwargs)
+        from course_lib.handle import Handle
+
+        group = signature.bind(*args, **kwargs).arguments.get("group")
+        return Handle.on_thread(group_key(group), fn, *args, **kwargs)
+
+    return wrapper

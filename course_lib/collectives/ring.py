@@ -7,21 +7,41 @@ sends one chunk to its right neighbour and receives one from its left:
   adding its own contribution; afterwards rank r holds the full sum of chunk r.
 - all-gather, K-1 steps: the finished chunks travel around until every rank
   has all of them.
-- all-reduce = reduce-scatter + all-gather: 2(K-1) messages of ceil(N/K) per
+- all-reduce = reduce-scatter + all-gather: 2(K-1) steps of ceil(N/K) per
   rank, 2(K-1)/K of the array, whatever K is: the bandwidth-optimal schedule.
 
-On NCCL each step is one ``batch_isend_irecv`` exchange. On gloo with more than
-two ranks every receive of a phase is posted before the first send: a gloo sender pushes its bytes as
-soon as the receiver has posted, so no rank waits for its neighbour to come
-round to posting (the same messages, a shorter critical path).
+Pipelined segments. NCCL slices each chunk into pieces so that a piece can be
+reduced and forwarded while the next one is still arriving. The library's
+:func:`all_reduce` does the same on gloo: each step's chunk travels as S
+segments (S from :func:`ring_segments`), segment j of step s+1 leaves as soon
+as segment j of step s has arrived and been reduced, and the all-gather's
+first segments leave while the reduce-scatter's last ones are still arriving.
+The ring still takes 2(K-1) steps and each rank still sends exactly 2(K-1)/K
+of the array; only the message count becomes 2(K-1) x S. Lab 01's exercises
+keep one message per step.
+
+On gloo every receive is posted before the first send: a gloo sender pushes
+its bytes as soon as the receiver has posted, so no rank waits for its
+neighbour to come round to posting. On NCCL each step is one
+``batch_isend_irecv`` exchange (NCCL pipelines inside its own kernels).
+
+All functions take a process group; ranks, chunks and neighbours are local to
+it, so the same code runs on a tensor-parallel or data-parallel sub-group.
 """
 from __future__ import annotations
+
+import math
+from collections import deque
 
 import torch.distributed as dist
 
 from course_lib import comm, trace
-from course_lib.collectives.reduce_ops import (Flat, ReduceOp, chunk_bounds, combine, ring_neighbours, scratch,
-                         validate)
+from course_lib.collectives.reduce_ops import (Flat, ReduceOp, chunk_bounds, combine, group_key,
+                                               ring_neighbours, scratch, validate)
+from course_lib.handle import Handle
+
+SEGMENT_BYTES = 256 * 1024  # measured on gloo over loopback: see the closing note of issue 7
+MAX_SEGMENTS = 16
 
 
 def ring_step_chunks(rank, world, step, phase):
@@ -37,84 +57,146 @@ def ring_step_chunks(rank, world, step, phase):
     raise ValueError(f"unknown phase {phase!r}")
 
 
-class _RingPhase:
-    """The messages of one phase: a send to the right and a receive from the left
-    per step. ``early`` (gloo) posts every receive up front and lets sends run
-    ahead, waiting only for the data the next step needs; otherwise (NCCL) each
-    step is one ``batch_isend_irecv`` exchange."""
+def ring_segments(numel, world, element_size, backend="gloo", segment_bytes=None):
+    """S, the number of segments each ring step's chunk travels in: about
+    ``segment_bytes`` (default SEGMENT_BYTES) each, at most MAX_SEGMENTS, never
+    more than the smallest chunk has elements; 1 on NCCL, which slices chunks itself."""
+    segment_bytes = segment_bytes or SEGMENT_BYTES
+    smallest_chunk = numel // world
+    if backend != "gloo" or smallest_chunk < 2:
+        return 1
+    wanted = math.ceil(smallest_chunk * element_size / segment_bytes)
+    return max(1, min(wanted, MAX_SEGMENTS, smallest_chunk))
 
-    def __init__(self, incoming, early):
-        _, _, self.right, self.left = ring_neighbours()
-        self.incoming, self.early, self.sends = incoming, early, []
-        self.recvs = [comm.irecv(buf, self.left) if buf.numel() else None
-                      for buf in incoming] if early else None
 
-    def step(self, s, outgoing):
-        """Send ``outgoing``; return once step ``s``'s incoming chunk has arrived."""
-        if not self.early:
-            comm.exchange(sends=[(outgoing, self.right)] if outgoing.numel() else [],
-                          recvs=[(self.incoming[s], self.left)] if self.incoming[s].numel() else [])
-            return
-        if outgoing.numel():
-            self.sends.append(comm.isend(outgoing, self.right))
-        if self.recvs[s] is not None:
-            self.recvs[s].wait()
+class _Ring:
+    """The messages of one ring operation on ``flat`` cut at ``bounds``."""
+
+    def __init__(self, flat, bounds, group, segments):
+        self.flat, self.bounds, self.group, self.segments = flat, bounds, group, segments
+        self.rank, self.world, self.right, self.left = ring_neighbours(group)
+        gloo = dist.get_backend(group) == "gloo"
+        # With two ranks and one segment a phase is a single exchange: nothing to
+        # post ahead, and measured on gloo the plain exchange is the faster.
+        self.early = gloo and (self.world > 2 or segments > 1)
+        self.posted, self.sends = deque(), []
+
+    def pieces(self, chunk):
+        """The non-empty segments (start, stop) of ``chunk``, in order."""
+        lo, hi = self.bounds[chunk]
+        return [(lo + a, lo + b) for a, b in chunk_bounds(hi - lo, self.segments) if b > a]
+
+    def post(self, views):
+        """Post receives for ``views``, in the order the left neighbour sends them."""
+        self.posted.extend(comm.irecv(v, self.left, self.group) for v in views)
+
+    def arrived(self):
+        self.posted.popleft().wait()
+
+    def send(self, view):
+        self.sends.append(comm.isend(view, self.right, self.group))
 
     def finish(self):
-        for work in self.sends:
-            work.wait()
+        for handle in self.sends:
+            handle.wait()
 
 
-def _post_early():
-    # With two ranks a phase is a single step, so there is nothing to post ahead;
-    # measured on gloo, the plain exchange is then the faster of the two.
-    return dist.get_backend() == "gloo" and dist.get_world_size() > 2
+def _ring_collective(flat, bounds, op, group, out, reduce_scatter, all_gather, segments):
+    """Reduce-scatter into ``out`` (chunk r of ``flat`` for an all-reduce) and/or
+    all-gather ``flat`` in place, as one ring. ``flat`` is only read by the
+    reduce-scatter (``out`` may alias chunk r)."""
+    ring = _Ring(flat, bounds, group, segments)
+    rank, world = ring.rank, ring.world
+    rs_plan = [ring_step_chunks(rank, world, s, "reduce_scatter") for s in range(world - 1)]
+    ag_plan = [ring_step_chunks(rank, world, s, "all_gather") for s in range(world - 1)]
+    # Incoming partials must not be overwritten while they are still being
+    # forwarded: one buffer per step when everything is posted up front.
+    incoming = []
+    for s, (_, c) in enumerate(rs_plan if reduce_scatter else []):
+        lo, hi = bounds[c]
+        buf = scratch(hi - lo, flat, slot=s if ring.early else s % 2, group=group)
+        incoming.append([(buf[a - lo:b - lo], (a, b)) for a, b in ring.pieces(c)])
+    if not ring.early:
+        return _stepwise(ring, rs_plan, ag_plan, incoming, op, out, reduce_scatter, all_gather)
+
+    ring.post([view for step in incoming for view, _ in step]
+              + [flat[a:b] for _, c in (ag_plan if all_gather else []) for a, b in ring.pieces(c)])
+    out_lo = bounds[rank][0]
+    if reduce_scatter:
+        for a, b in ring.pieces(rs_plan[0][0]):  # step 0: this rank's own contribution
+            ring.send(flat[a:b])
+        for s, (c, _) in enumerate(rs_plan):
+            last = s == world - 2
+            for view, (a, b) in incoming[s]:
+                ring.arrived()
+                target = out[a - out_lo:b - out_lo] if last else view
+                with trace.span(f"reduce chunk {c}", "compute"):
+                    combine(view, flat[a:b], op, out=target)
+                    if last and op == ReduceOp.AVG and all_gather:
+                        target.div_(world)
+                if not last or all_gather:  # the last reduced piece opens the all-gather
+                    ring.send(target)
+    elif all_gather:
+        for a, b in ring.pieces(rank):
+            ring.send(flat[a:b])
+    if all_gather:
+        for s, (_, c) in enumerate(ag_plan):
+            for a, b in ring.pieces(c):
+                ring.arrived()
+                if s < world - 2:
+                    ring.send(flat[a:b])
+    ring.finish()
 
 
-def _ring_reduce_scatter(flat, bounds, op, out):
-    """K-1 ring steps; at step s rank r sends the partial of chunk r-s-1 and
-    receives that of chunk r-s-2, adding its own. Afterwards ``out`` holds the
-    full reduction of chunk r. ``flat`` is only read (``out`` may alias chunk r)."""
-    rank, world, _, _ = ring_neighbours()
-    early = _post_early()
-    recv_chunks = [ring_step_chunks(rank, world, s, "reduce_scatter")[1] for s in range(world - 1)]
-    # partials in flight must not be overwritten: one buffer per step when sends run ahead
-    incoming = [scratch(bounds[c][1] - bounds[c][0], flat, slot=s if early else s % 2)
-                for s, c in enumerate(recv_chunks)]
-    phase = _RingPhase(incoming, early)
-    sending = flat[slice(*bounds[(rank - 1) % world])]  # step 0: this rank's own chunk
-    for s, c in enumerate(recv_chunks):
-        phase.step(s, sending)
-        last = s == world - 2  # the last partial is reduced straight into `out`
-        with trace.span(f"reduce chunk {c}", "compute"):
-            sending = combine(incoming[s], flat[slice(*bounds[c])], op, out=out if last else None)
-    phase.finish()
+def _stepwise(ring, rs_plan, ag_plan, incoming, op, out, reduce_scatter, all_gather):
+    """One ``batch_isend_irecv`` exchange per step (NCCL; gloo with two ranks)."""
+    flat, world = ring.flat, ring.world
+    out_lo = ring.bounds[ring.rank][0]
+    if reduce_scatter:
+        sending = [flat[a:b] for a, b in ring.pieces(rs_plan[0][0])]
+        for s, (c, _) in enumerate(rs_plan):
+            comm.exchange(sends=[(v, ring.right) for v in sending],
+                          recvs=[(v, ring.left) for v, _ in incoming[s]], group=ring.group)
+            last = s == world - 2
+            with trace.span(f"reduce chunk {c}", "compute"):
+                sending = [combine(v, flat[a:b], op,
+                                   out=out[a - out_lo:b - out_lo] if last else None)
+                           for v, (a, b) in incoming[s]]
+        if op == ReduceOp.AVG and all_gather:
+            out.div_(world)
+    if all_gather:
+        for send_c, recv_c in ag_plan:
+            comm.exchange(sends=[(flat[a:b], ring.right) for a, b in ring.pieces(send_c)],
+                          recvs=[(flat[a:b], ring.left) for a, b in ring.pieces(recv_c)],
+                          group=ring.group)
 
 
-def _ring_all_gather(flat, bounds):
-    """K-1 ring steps; at step s rank r forwards chunk r-s and receives chunk r-s-1
-    straight into place."""
-    rank, world, _, _ = ring_neighbours()
-    plan = [ring_step_chunks(rank, world, s, "all_gather") for s in range(world - 1)]
-    phase = _RingPhase([flat[slice(*bounds[recv_c])] for _, recv_c in plan], _post_early())
-    for s, (send_c, _) in enumerate(plan):
-        phase.step(s, flat[slice(*bounds[send_c])])
-    phase.finish()
+def _maybe_async(async_op, group, fn, *args):
+    """Run now, or on the group's helper thread with a Handle to wait on (checks
+    of the arguments have already run here, so errors are raised at the call)."""
+    if async_op:
+        return Handle.on_thread(group_key(group), fn, *args)
+    return fn(*args)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """Bandwidth-optimal ring all-reduce, in place: reduce-scatter, then all-gather,
-    over K near-equal chunks. 2(K-1) messages of at most ceil(N/K) elements per rank."""
-    validate(tensor, op)
-    world = dist.get_world_size()
+    over K near-equal chunks, each pipelined in S segments (see the module's
+    docstring). 2(K-1) steps of at most ceil(N/K) elements per rank; returns the
+    tensor, or a Handle with ``async_op=True``."""
+    validate(tensor, op, group=group)
+    return _maybe_async(async_op, group, _all_reduce, tensor, op, group)
+
+
+def _all_reduce(tensor, op, group):
+    world = dist.get_world_size(group)
     data = Flat(tensor)
     if world > 1 and tensor.numel() > 0:
         bounds = chunk_bounds(data.flat.numel(), world)
-        mine = data.flat[slice(*bounds[dist.get_rank()])]
-        _ring_reduce_scatter(data.flat, bounds, op, mine)
-        if op == ReduceOp.AVG:
-            mine.div_(world)
-        _ring_all_gather(data.flat, bounds)
+        mine = data.flat[slice(*bounds[dist.get_rank(group)])]
+        segments = ring_segments(data.flat.numel(), world, data.flat.element_size(),
+                                 dist.get_backend(group))
+        _ring_collective(data.flat, bounds, op, group, mine, True, True, segments)
     elif op == ReduceOp.AVG:
         data.flat.div_(world)
     return data.done()
@@ -135,13 +217,19 @@ def _check_pair(output, input, factor, what):
                          f"it has {big.numel()}")
 
 
-def reduce_scatter(output, input, op=ReduceOp.SUM):
-    """Like ``dist.reduce_scatter_single`` (``reduce_scatter_tensor`` before 2.13): ``input`` is K chunks the size of
-    ``output``; rank r's ``output`` gets the reduction of everyone's chunk r.
-    K-1 messages of N/K per rank (N = input size); ``input`` is not modified."""
-    world = dist.get_world_size()
+def reduce_scatter(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """Like ``dist.reduce_scatter_single`` (``reduce_scatter_tensor`` before 2.13):
+    ``input`` is K chunks the size of ``output``; group rank r's ``output`` gets
+    the reduction of everyone's chunk r. K-1 messages of N/K per rank (N = input
+    size); ``input`` is not modified."""
+    world = dist.get_world_size(group)
     _check_pair(output, input, world, "reduce_scatter")
-    validate(input, op)
+    validate(input, op, group=group)
+    return _maybe_async(async_op, group, _reduce_scatter, output, input, op, group)
+
+
+def _reduce_scatter(output, input, op, group):
+    world = dist.get_world_size(group)
     out = Flat(output)
     flat_in = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
     n = out.flat.numel()
@@ -149,21 +237,27 @@ def reduce_scatter(output, input, op=ReduceOp.SUM):
     if world == 1 or n == 0:
         out.flat.copy_(flat_in)
     else:
-        _ring_reduce_scatter(flat_in, bounds, op, out.flat)
+        _ring_collective(flat_in, bounds, op, group, out.flat, True, False, segments=1)
     if op == ReduceOp.AVG:
         out.flat.div_(world)
     return out.done()
 
 
-def all_gather(output, input):
-    """Like ``dist.all_gather_single`` (``all_gather_into_tensor`` before 2.13): rank r's ``input`` lands in chunk r of
-    every rank's ``output``. K-1 messages of N/K per rank (N = output size)."""
-    world = dist.get_world_size()
+def all_gather(output, input, group=None, async_op=False):
+    """Like ``dist.all_gather_single`` (``all_gather_into_tensor`` before 2.13): group
+    rank r's ``input`` lands in chunk r of every rank's ``output``. K-1 messages
+    of N/K per rank (N = output size)."""
+    world = dist.get_world_size(group)
     _check_pair(output, input, world, "all_gather")
+    return _maybe_async(async_op, group, _all_gather, output, input, group)
+
+
+def _all_gather(output, input, group):
+    world = dist.get_world_size(group)
     out = Flat(output)
     n = input.numel()
     bounds = [(r * n, (r + 1) * n) for r in range(world)]
-    out.flat[slice(*bounds[dist.get_rank()])].copy_(input.reshape(-1))
+    out.flat[slice(*bounds[dist.get_rank(group)])].copy_(input.reshape(-1))
     if world > 1 and n > 0:
-        _ring_all_gather(out.flat, bounds)
+        _ring_collective(out.flat, bounds, None, group, None, False, True, segments=1)
     return out.done()

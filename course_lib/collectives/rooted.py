@@ -8,42 +8,46 @@ import torch
 import torch.distributed as dist
 
 from course_lib import comm
-from course_lib.collectives.reduce_ops import Flat, ReduceOp, chunk_bounds, combine, validate
+from course_lib.collectives.reduce_ops import (Flat, ReduceOp, asynchronous, chunk_bounds, combine,
+                                               validate)
 
 __all__ = ["broadcast", "ring_broadcast", "pipelined_broadcast", "reduce", "naive_all_reduce"]
 
 
 # ---- one-to-all and all-to-one ---------------------------------------------------------
-def broadcast(tensor, src):
-    """Flat tree: ``src`` sends the whole tensor to every other rank in turn."""
-    validate(tensor, root=src)
-    rank, world = dist.get_rank(), dist.get_world_size()
+@asynchronous
+def broadcast(tensor, src, group=None):
+    """Flat tree: ``src`` (group-local) sends the whole tensor to every other rank in turn."""
+    validate(tensor, root=src, group=group)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     if world == 1 or tensor.numel() == 0:
         return tensor
     data = Flat(tensor)
     if rank == src:
         for peer in range(world):
             if peer != src:
-                comm.exchange(sends=[(data.flat, peer)])
+                comm.exchange(sends=[(data.flat, peer)], group=group)
     else:
-        comm.exchange(recvs=[(data.flat, src)])
+        comm.exchange(recvs=[(data.flat, src)], group=group)
     return data.done()
 
 
-def ring_broadcast(tensor, src):
+@asynchronous
+def ring_broadcast(tensor, src, group=None):
     """Chain src -> src+1 -> ... -> src-1: each rank receives the whole tensor and
     forwards it, (K-1) N/B."""
-    return pipelined_broadcast(tensor, src, segments=1)
+    return pipelined_broadcast(tensor, src, segments=1, group=group)
 
 
-def pipelined_broadcast(tensor, src, segments):
+@asynchronous
+def pipelined_broadcast(tensor, src, segments, group=None):
     """Chain broadcast with the tensor cut into S segments. Chain position p
     receives segment j at step j+p-1 and forwards it at step j+p, so all K ranks
     are done after K-2+S steps of N/S bytes: (K-2+S) N/(S B), about N/B for S >> K."""
-    validate(tensor, root=src)
+    validate(tensor, root=src, group=group)
     if not isinstance(segments, int) or segments < 1:
         raise ValueError(f"segments must be a positive integer, got {segments!r}")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     if world == 1 or tensor.numel() == 0:
         return tensor
     data = Flat(tensor)
@@ -56,16 +60,17 @@ def pipelined_broadcast(tensor, src, segments):
                  if pos < world - 1 and 0 <= send_seg < len(bounds) else [])
         recvs = ([(data.flat[slice(*bounds[recv_seg])], left)]
                  if pos > 0 and 0 <= recv_seg < len(bounds) else [])
-        comm.exchange(sends, recvs)
+        comm.exchange(sends, recvs, group=group)
     return data.done()
 
 
-def reduce(tensor, dst, op=ReduceOp.SUM):
+@asynchronous
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None):
     """Chain reduce towards ``dst``: the partial result travels dst+1 -> dst+2 ->
     ... -> dst, each rank combining its own tensor in. Only ``dst``'s tensor is
     written; (K-1)(alpha + N/B)."""
-    validate(tensor, op, root=dst)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    validate(tensor, op, root=dst, group=group)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     data = Flat(tensor)
     if world > 1 and tensor.numel() > 0:
         pos = (rank - dst - 1) % world  # dst+1 starts the chain, dst ends it
@@ -73,37 +78,38 @@ def reduce(tensor, dst, op=ReduceOp.SUM):
         partial = data.flat if rank == dst else data.flat.clone()
         if pos > 0:
             incoming = torch.empty_like(partial)
-            comm.exchange(recvs=[(incoming, left)])
+            comm.exchange(recvs=[(incoming, left)], group=group)
             combine(partial, incoming, op)
         if rank != dst:
-            comm.exchange(sends=[(partial, right)])
+            comm.exchange(sends=[(partial, right)], group=group)
     if rank == dst and op == ReduceOp.AVG:
         data.flat.div_(world)
     return data.done() if rank == dst else tensor
 
 
 # ---- all-to-all patterns ---------------------------------------------------------------
-def naive_all_reduce(tensor, op=ReduceOp.SUM, root=0):
+@asynchronous
+def naive_all_reduce(tensor, op=ReduceOp.SUM, root=0, group=None):
     """Everyone sends the whole tensor to ``root``, which reduces and sends the
     result back to everyone: the root moves 2(K-1) N bytes, the others 2N."""
-    validate(tensor, op, root=root)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    validate(tensor, op, root=root, group=group)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     data = Flat(tensor)
     if world > 1 and tensor.numel() > 0:
         if rank == root:
             incoming = torch.empty_like(data.flat)
             for peer in range(world):
                 if peer != root:
-                    comm.exchange(recvs=[(incoming, peer)])
+                    comm.exchange(recvs=[(incoming, peer)], group=group)
                     combine(data.flat, incoming, op)
             if op == ReduceOp.AVG:
                 data.flat.div_(world)
             for peer in range(world):
                 if peer != root:
-                    comm.exchange(sends=[(data.flat, peer)])
+                    comm.exchange(sends=[(data.flat, peer)], group=group)
         else:
-            comm.exchange(sends=[(data.flat, root)])
-            comm.exchange(recvs=[(data.flat, root)])
+            comm.exchange(sends=[(data.flat, root)], group=group)
+            comm.exchange(recvs=[(data.flat, root)], group=group)
         return data.done()
     if op == ReduceOp.AVG:
         data.flat.div_(world)

@@ -23,8 +23,9 @@ class DDP(_DataParallel):
     ``first_bucket_mb`` (default: 1 MiB, as torch) caps the first bucket, the
     one holding the last layers, so that communication can start early."""
 
-    def __init__(self, module, bucket_cap_mb=25.0, all_reduce="torch", first_bucket_mb=1.0):
-        super().__init__(module, all_reduce)
+    def __init__(self, module, bucket_cap_mb=25.0, all_reduce="torch", first_bucket_mb=1.0,
+                 process_group=None):
+        super().__init__(module, all_reduce, process_group)
         sizes = [p.numel() * p.element_size() for p in self.params]
         keys = [(p.dtype, p.device) for p in self.params]
         plan = assign_buckets(sizes, int(bucket_cap_mb * 2**20), keys=keys,

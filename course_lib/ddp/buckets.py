@@ -11,10 +11,10 @@ lower (1 MiB) so that the first all-reduce can start early in backward::
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 import torch.distributed as dist
+
+from course_lib.handle import Handle
 
 
 def assign_buckets(sizes_bytes, cap_bytes, keys=None, first_cap_bytes=None):
@@ -103,45 +103,22 @@ class Bucket:
                 p.grad = view.view_as(p)
 
 
-class _ThreadWork:
-    """A ``dist.Work``-like handle for an all-reduce running on a helper thread."""
+def make_all_reduce(kind, group=None):
+    """``launch(tensor) -> Handle``: an asynchronous SUM all-reduce over ``group``.
 
-    def __init__(self, future):
-        self._future = future
-
-    def wait(self, timeout=None):
-        self._future.result(timeout)
-        return True
-
-    def get_future(self):
-        raise RuntimeError("no torch future: the tracer observes wait() instead")
-
-
-class _DoneWork:
-    def wait(self, timeout=None):
-        return True
-
-    def get_future(self):
-        raise RuntimeError("already done")
-
-
-def make_all_reduce(kind):
-    """``launch(tensor) -> work``: an asynchronous SUM all-reduce.
-
-    "torch": ``dist.all_reduce(async_op=True)``. "ring": course_lib's ring,
-    run on one helper thread so that it overlaps backward (one thread keeps the
-    buckets in order). A callable: ``fn(tensor)`` returning a work, or None when
-    it reduced in place synchronously."""
+    "torch": ``dist.all_reduce(async_op=True)``. "ring": course_lib's ring, run
+    on the group's helper thread so that it overlaps backward (one thread keeps
+    the buckets in order). A callable: ``fn(tensor)`` returning a work or
+    handle, or None when it reduced in place synchronously."""
     if kind == "torch":
-        return lambda tensor: dist.all_reduce(tensor, async_op=True)
+        return lambda tensor: Handle.from_works(dist.all_reduce(tensor, group=group, async_op=True))
     if kind == "ring":
         from course_lib.collectives.ring import all_reduce
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddp-ring")
-        return lambda tensor: _ThreadWork(pool.submit(all_reduce, tensor))
+        return lambda tensor: all_reduce(tensor, group=group, async_op=True)
     if callable(kind):
         def launch(tensor):
             work = kind(tensor)
-            return _DoneWork() if work is None else work
+            return Handle.completed() if work is None else Handle.from_works(work)
         return launch
     raise ValueError(f"all_reduce must be 'torch', 'ring' or a callable, got {kind!r}")

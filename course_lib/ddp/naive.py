@@ -33,18 +33,21 @@ def _queue_end_of_backward(callback):
 
 
 class _DataParallel(nn.Module):
-    """Shared parts: replicate from rank 0, find trainable parameters, no_sync."""
+    """Shared parts: replicate from the group's rank 0, find trainable parameters,
+    no_sync. ``process_group`` (torch's name) is the group of replicas: the
+    world by default, a mesh's dp group when other dims shard the model."""
 
-    def __init__(self, module, all_reduce="torch"):
+    def __init__(self, module, all_reduce="torch", process_group=None):
         super().__init__()
         self.module = module
-        self.world = dist.get_world_size()
-        self.launch = make_all_reduce(all_reduce)
+        self.process_group = process_group
+        self.world = dist.get_world_size(process_group)
+        self.launch = make_all_reduce(all_reduce, process_group)
         self.params = _trainable(module)
         self.require_sync = True
-        with torch.no_grad():  # every replica starts from rank 0's weights
+        with torch.no_grad():  # every replica starts from the group's rank 0 weights
             for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, src=0)
+                dist.broadcast(tensor.data, group=process_group, group_src=0)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -73,8 +76,8 @@ def _trainable(module):
 class NaiveDDP(_DataParallel):
     """After backward, one all-reduce per gradient, then divide by K."""
 
-    def __init__(self, module, all_reduce="torch"):
-        super().__init__(module, all_reduce)
+    def __init__(self, module, all_reduce="torch", process_group=None):
+        super().__init__(module, all_reduce, process_group)
         self._queued = False
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._hook)

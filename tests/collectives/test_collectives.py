@@ -187,6 +187,34 @@ def test_ring_all_reduce_sends_2_n_minus_1_chunks(world, numel):
         assert received == sent or abs(received - sent) <= 2 * (world - 1) * 4
 
 
+def segmented(numel, segment_bytes, op):
+    from course_lib.collectives import ring
+
+    ring.SEGMENT_BYTES = segment_bytes  # this rank's copy of the module only
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+    want = x.clone()
+    dist.all_reduce(want, op=op)
+    with comm.counting() as stats:
+        C.all_reduce(x, op)
+    segments = ring.ring_segments(numel, world, x.element_size())
+    return torch.allclose(x, want, rtol=1e-12, atol=1e-12), segments, stats.as_dict()
+
+
+@pytest.mark.parametrize("world,numel", [(2, 1001), (3, 1001), (4, 4099)])
+def test_pipelined_ring_sends_the_same_bytes_in_steps_times_segments(world, numel):
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        outs = run(segmented, numel, 200, op, nproc=world, timeout=120)
+        for rank, (equal, segments, stats) in enumerate(outs):
+            assert equal
+            assert 1 < segments <= 16
+            assert stats["sent_messages"] == stats["recv_messages"] == 2 * (world - 1) * segments
+            # exactly the chunked ring's bytes: 2(n-1)/n of the tensor, up to chunk rounding
+            assert abs(stats["sent_bytes"] - 2 * (world - 1) * 8 * numel / world) <= 2 * (world - 1) * 8
+            assert set(stats["sent_to"]) == {(rank + 1) % world}  # only to the right
+            assert set(stats["recv_from"]) == {(rank - 1) % world}
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reduce_scatter_and_all_gather_send_n_minus_1_chunks(world):
     numel = 1200

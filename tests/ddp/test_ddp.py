@@ -141,3 +141,35 @@ def test_deep_mlp_buckets_follow_reverse_order():
     buckets, sizes = run(plan, nproc=2)[0]
     assert [i for b in buckets for i in b] == list(reversed(range(len(sizes))))
     assert len(buckets) > 2
+
+
+def ddp_on_dp_groups(kind):
+    """4 ranks as dp=2 x tp=2: two independent DDP groups ({0, 2} and {1, 3}),
+    each averaging only its own members' gradients."""
+    rank = dist.get_rank()
+    dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = dp_groups[rank % 2]
+    model = deep_mlp(width=16, depth=2, inputs=5, outputs=3, seed=7)
+    wrapper = {"naive": lambda m: NaiveDDP(m, process_group=group),
+               "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4, process_group=group),
+               "ring": lambda m: DDP(m, bucket_cap_mb=1e-4, all_reduce="ring",
+                                     process_group=group)}[kind]
+    ddp = wrapper(model)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))
+    ddp(x).pow(2).mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", ["naive", "bucketed", "ring"])
+def test_ddp_on_a_sub_group_averages_over_that_group_only(kind):
+    outs = run(ddp_on_dp_groups, kind, nproc=4, timeout=120)
+    for members in ([0, 2], [1, 3]):
+        # reference: one process, the members' batches concatenated, mean loss
+        model = deep_mlp(width=16, depth=2, inputs=5, outputs=3, seed=7)
+        x = torch.cat([torch.randn(4, 5, generator=torch.Generator().manual_seed(r))
+                       for r in members])
+        model(x).pow(2).mean().backward()
+        for r in members:
+            for name, param in model.named_parameters():
+                torch.testing.assert_close(outs[r][name], param.grad, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(outs[0]["0.weight"], outs[1]["0.weight"])
