@@ -10,7 +10,7 @@ NPROC ?= 2
 SUBMISSIONS ?= submissions
 GRADEBOOK ?= gradebook.csv
 
-.PHONY: setup run test lab labs grade bench clean
+.PHONY: setup run test test-gpu lab labs grade bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
+test-gpu: setup
+	$(BIN)/python -m pytest tests/gpu -v -rs -p no:cacheprovider
 
 lab: setup
 	$(BIN)/jupyter lab labs/

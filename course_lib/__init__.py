@@ -1,7 +1,8 @@
 """course_lib: distributed training built from scratch, and the machinery its labs need.
 
-    from course_lib import run
+    from course_lib import run, sync
     run(lambda: torch.distributed.get_rank(), nproc=3)   # [0, 1, 2]
+    sync()   # on a rank: wait for its GPU before reading a clock (no-op on CPU)
 
 The package is laid out by layer; a lower layer never imports a higher one:
 
@@ -16,9 +17,10 @@ The package is laid out by layer; a lower layer never imports a higher one:
 
 ``%load_ext course_lib`` adds the ``%%torchrun`` cell magic.
 """
-from course_lib.runtime import LaunchError, LaunchTimeout, Results, run, run_cell, run_script
+from course_lib.runtime import (LaunchError, LaunchTimeout, Results, run, run_cell, run_script,
+                                sync)
 
-__all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout"]
+__all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout", "sync"]
 
 
 def load_ipython_extension(ipython):

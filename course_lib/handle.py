@@ -47,6 +47,21 @@ def _thread_setup():
     set_thread_device()
 
 
+def _record_event():
+    try:
+        from course_lib.runtime.device import record_event
+    except ImportError:
+        return None
+    return record_event()
+
+
+def _wait_event(event):
+    if event is not None:
+        from course_lib.runtime.device import wait_event
+
+        wait_event(event)
+
+
 def _lane(key):
     with _pool_lock:
         lane = _lanes.get(key)
@@ -93,9 +108,13 @@ class Handle:
         operations of one process group start in the order they were issued on
         every rank, as collectives must)."""
         future = torch.futures.Future()
+        # On a GPU the caller's stream may still be filling the tensors: the helper
+        # thread's stream waits for an event recorded here before it starts.
+        ready = _record_event()
 
         def body():
             try:
+                _wait_event(ready)
                 future.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
                 future.set_exception(exc)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from course_lib import collectives as C
 from course_lib import trace
 from course_lib.runtime.backend import builtin_all_gather, builtin_reduce_scatter, current_device
+from course_lib.runtime.device import sync
 from course_lib.collectives.cost_model import bus_factor
 
 # op -> (ours, torch's); each takes (buffers) and runs one collective.
@@ -72,19 +73,15 @@ def _runner(op, impl, segments):
             "pipelined_broadcast": lambda t: C.pipelined_broadcast(t, 0, segments)}[op]
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time(fn, args, iters, device):
-    """Mean seconds per call on the slowest rank."""
+    """Mean seconds per call on the slowest rank, from an idle device to the
+    end of the last call's work on it."""
     dist.barrier()
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     for _ in range(iters):
         fn(*args)
-    _sync(device)
+    sync(device)
     elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
                            device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course_lib import trace
 from course_lib.runtime.backend import current_device
+from course_lib.runtime.device import sync
 from course_lib.data import regression_batch
 from course_lib.ddp import DDP, FlatDDP, NaiveDDP
 from course_lib.models import deep_mlp
@@ -60,12 +61,13 @@ def _step(model, opt, x, y):
 
 
 def _time_steps(model, opt, x, y, steps, device):
+    """Mean seconds per step on the slowest rank, bracketed by device syncs."""
     dist.barrier()
+    sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         _step(model, opt, x, y)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     elapsed = torch.tensor([(time.perf_counter() - start) / steps], device=device,
                            dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)

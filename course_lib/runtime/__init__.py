@@ -4,11 +4,13 @@
 - :mod:`~course_lib.runtime.worker`: what torchrun starts on each rank
 - :mod:`~course_lib.runtime.procs`: finding and ending every process of a job
 - :mod:`~course_lib.runtime.backend`: ``backend="auto"``, joining the process group
+- :mod:`~course_lib.runtime.device`: ``sync()``; helper threads on the rank's GPU
 - :mod:`~course_lib.runtime.magic`: the ``%%torchrun`` cell magic
 """
 from course_lib.runtime.backend import current_device, init_distributed, resolve_backend
+from course_lib.runtime.device import set_thread_device, sync
 from course_lib.runtime.launcher import (LaunchError, LaunchTimeout, Results, run, run_cell,
                                          run_script)
 
 __all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout",
-           "current_device", "init_distributed", "resolve_backend"]
+           "current_device", "init_distributed", "resolve_backend", "sync", "set_thread_device"]

@@ -95,3 +95,28 @@ def test_collectives_on_mesh_rows_and_columns_equal_torch(world, dp, tp):
     # 1001 elements: no group size divides it, and the ring pipelines segments
     problems = run(on_a_mesh, dp, tp, 1001, nproc=world, backend="gloo", timeout=300)
     assert problems == [[]] * world
+
+
+def lab00_patterns_on_a_sub_group():
+    from course_lib.collectives import p2p
+
+    rank = dist.get_rank()
+    # odd and even global ranks: group rank r of {1, 3, 5} is global rank 2r + 1
+    groups = [dist.new_group([0, 2, 4]), dist.new_group([1, 3, 5])]
+    group = groups[rank % 2]
+    token = p2p.token_ring(torch.tensor([float(rank)]), group=group)
+    shifted = p2p.ring_shift(torch.tensor([float(rank)]), group=group)
+    echoed, times = p2p.ping_pong(torch.tensor([float(rank)]), 2, group=group)
+    return token.item(), shifted.item(), None if echoed is None else echoed.item(), len(times)
+
+
+def test_lab00_patterns_run_on_a_sub_group():
+    outs = run(lab00_patterns_on_a_sub_group, nproc=6, backend="gloo", timeout=120)
+    for rank, (token, shifted, echoed, n_times) in enumerate(outs):
+        me, members = rank // 2, [rank % 2 + 2 * r for r in range(3)]
+        # the token started at group rank 0 (global members[0]) and each group rank r added r
+        expected_token = members[0] + (3 if me == 0 else sum(range(1, me + 1)))
+        assert token == expected_token
+        assert shifted == members[(me - 1) % 3]
+        assert echoed == (members[0] if me in (0, 1) else None)
+        assert n_times == (2 if me == 0 else 0)

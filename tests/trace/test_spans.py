@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 
 from conftest import ship_by_value  # noqa: E402
 from course_lib import comm, run, trace  # noqa: E402
+from course_lib.handle import Handle  # noqa: E402
 from course_lib.trace import Span, Trace, Tracer, lanes_of  # noqa: E402
 from course_lib.trace.metrics import (busy_fraction, busy_table, intersect,  # noqa: E402
                                       overlap_fraction, total, union)
@@ -160,3 +161,159 @@ def test_aligned_clocks_keep_cause_before_effect():
     assert before.rank == 0 and after.rank == 1
     assert before.end <= after.start
     assert tr.start >= 0  # t0 is taken after the barrier that precedes all spans
+
+
+# ---- device timing: nothing changes on CPU ranks ------------------------------------
+def cpu_rank_touching_no_cuda():
+    """Every device helper and every kind of span, with torch.cuda's entry points
+    replaced by recorders: on a gloo rank none may be reached."""
+    import concurrent.futures
+
+    from course_lib import sync
+    from course_lib.runtime.device import (record_event, run_after, set_thread_device,
+                                           wait_event)
+
+    reached = []
+    for name in ("synchronize", "Event", "current_stream", "set_device", "init", "_lazy_init"):
+        setattr(torch.cuda, name, lambda *a, _n=name, **k: reached.append(_n))
+    sync()
+    set_thread_device()
+    event = record_event()
+    wait_event(event)
+    assert run_after(event, lambda v: v + 1, 1) == 2
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=set_thread_device) as pool:
+        thread_device = pool.submit(lambda: str(torch.get_default_device())).result()
+    rank = dist.get_rank()
+    x = torch.ones(100)
+    with trace.span("compute", "compute"):
+        x.mul_(2)
+    trace.async_span("all_reduce", "comm", dist.all_reduce(x, async_op=True)).wait()
+    peer = 1 - rank
+    works = [comm.isend(x, peer), comm.irecv(torch.empty(100), peer)]  # no futures on gloo
+    for w in works:
+        w.wait()
+    return (reached, torch.cuda.is_initialized(), event, thread_device,
+            type(trace.get_tracer().stamp()).__name__, trace.get_tracer().device_clock)
+
+
+def test_sync_and_spans_never_touch_cuda_on_gloo_ranks():
+    res = run(cpu_rank_touching_no_cuda, nproc=2, backend="gloo")
+    for reached, initialised, event, thread_device, stamp_type, device_clock in res:
+        assert reached == [] and initialised is False
+        assert event is None and thread_device == "cpu"
+        assert stamp_type == "int" and device_clock is None  # host clock only
+    names = {s.name for s in res.trace.select(rank=0)}
+    assert {"compute", "all_reduce", "isend→1", "irecv←1"} <= names
+
+
+# ---- device timing logic, with a stand-in for CUDA events ---------------------------
+class FakeEventClock:
+    """Marks as an EventClock makes them; the 'device' reaches each mark
+    ``lag`` ns after the host recorded it."""
+
+    def __init__(self, clock, lag=1_000):
+        self.clock, self.lag, self.settled, self.marks = clock, lag, 0, 0
+
+    def mark(self):
+        self.marks += 1
+        host = self.clock()
+        return {"device_ns": host + self.lag}, host
+
+    def settle(self):
+        self.settled += 1
+
+    def to_host_ns(self, mark):
+        event, host = mark
+        return host if event is None else event["device_ns"]
+
+
+def device_tracer(lag=1_000):
+    ticks = iter(range(0, 10**9, 10))
+    clock = lambda: next(ticks)  # noqa: E731
+    return Tracer(rank=0, clock=clock, device_clock=FakeEventClock(clock, lag))
+
+
+class FutureWork:
+    """A work whose future the test completes by hand (as a collective's)."""
+
+    def __init__(self, future=None):
+        self.future = future if future is not None else torch.futures.Future()
+
+    def get_future(self):
+        return self.future
+
+    def wait(self):
+        return self.future.wait()
+
+
+def spans_by_name(tracer):
+    return {s["name"]: s for s in tracer.export()["spans"]}
+
+
+def test_device_spans_are_exported_in_device_time():
+    tracer = device_tracer(lag=1_000)
+    with tracer.span("kernel", "compute", bytes=8):
+        pass
+    start, end = tracer.stamp(), tracer.stamp()
+    tracer.record("between stamps", "compute", start, end)
+    tracer.record("host only", "other", 5, 7)  # plain clock values stay host-timed
+    spans = spans_by_name(tracer)
+    assert (spans["kernel"]["start_ns"], spans["kernel"]["end_ns"]) == (1_010, 1_020)
+    assert spans["kernel"]["bytes"] == 8
+    assert spans["between stamps"]["end_ns"] - spans["between stamps"]["start_ns"] == 10
+    assert (spans["host only"]["start_ns"], spans["host only"]["end_ns"]) == (5, 7)
+    assert tracer.device_clock.settled == 1  # the device is waited for once, at export
+    with pytest.raises(ValueError):
+        tracer.record("reversed", "comm", end, start)
+
+
+def test_device_async_span_ends_at_the_last_completion():
+    tracer = device_tracer()
+    first, second = FutureWork(), FutureWork()
+    returned = tracer.async_span("pair", "comm", [first, second])
+    assert isinstance(returned, Handle)  # one operation, one handle
+    first.future.set_result(None)
+    assert "pair" not in spans_by_name(tracer)  # half done: no span yet
+    for _ in range(5):
+        tracer.clock()  # time passes before the second part completes
+    second.future.set_result(None)
+    assert returned.is_completed()
+    pair = spans_by_name(tracer)["pair"]
+    # ticks: t0 0, start mark 10, idle 20-60; the end is marked after the second completes
+    assert pair["start_ns"] == 1_010 and pair["end_ns"] >= 1_070
+
+
+def test_device_async_span_looks_inside_gathered_futures():
+    """A handle may hand out ``collect_all`` of its works' futures: the end is
+    taken from each inner future, where a CUDA future's stream is known."""
+    tracer = device_tracer()
+    inner = [torch.futures.Future(), torch.futures.Future()]
+    gathered = FutureWork(torch.futures.collect_all(inner))
+    tracer.async_span("gathered", "comm", gathered)
+    inner[0].set_result(None)
+    assert "gathered" not in spans_by_name(tracer)
+    inner[1].set_result(None)
+    span = spans_by_name(tracer)["gathered"]
+    assert span["end_ns"] > span["start_ns"]
+    assert tracer.device_clock.marks == 1 + len(inner)  # the start, then one end per inner future
+
+
+def test_device_async_span_of_a_futureless_work_ends_after_its_wait():
+    class NoFuture:
+        def __init__(self):
+            self.released = __import__("threading").Event()
+
+        def get_future(self):
+            raise RuntimeError("no future for point-to-point")
+
+        def wait(self):
+            self.released.wait(5)
+
+    tracer = device_tracer()
+    work = NoFuture()
+    proxy = tracer.async_span("recv", "comm", work)
+    assert proxy is not work and not proxy.is_completed()
+    work.released.set()
+    assert proxy.wait(5) and proxy.is_completed()
+    recv = spans_by_name(tracer)["recv"]
+    assert recv["end_ns"] > recv["start_ns"]
