@@ -11,14 +11,18 @@ sends one chunk to its right neighbour and receives one from its left:
   rank, 2(K-1)/K of the array, whatever K is: the bandwidth-optimal schedule.
 
 Pipelined segments. NCCL slices each chunk into pieces so that a piece can be
-reduced and forwarded while the next one is still arriving. The library's
-:func:`all_reduce` does the same on gloo: each step's chunk travels as S
+reduced and forwarded while the next one is still arriving. :func:`all_reduce`
+does the same when given ``segment_bytes``: each step's chunk travels as S
 segments (S from :func:`ring_segments`), segment j of step s+1 leaves as soon
 as segment j of step s has arrived and been reduced, and the all-gather's
 first segments leave while the reduce-scatter's last ones are still arriving.
 The ring still takes 2(K-1) steps and each rank still sends exactly 2(K-1)/K
-of the array; only the message count becomes 2(K-1) x S. Lab 01's exercises
-keep one message per step.
+of the array; only the message count becomes 2(K-1) x S. In alpha-beta terms
+each segment pays alpha again: pipelining wins only where alpha is small
+against the time a segment spends on the wire and in the reduction. Measured
+with gloo on a 2-core machine it never won (a message costs hundreds of
+microseconds there once the cores are shared), so the default is one segment
+per chunk (``SEGMENT_BYTES = None``). Lab 01's exercises keep one message per step.
 
 On gloo every receive is posted before the first send: a gloo sender pushes
 its bytes as soon as the receiver has posted, so no rank waits for its
@@ -40,7 +44,7 @@ from course_lib.collectives.reduce_ops import (Flat, ReduceOp, chunk_bounds, com
                                                ring_neighbours, scratch, validate)
 from course_lib.handle import Handle
 
-SEGMENT_BYTES = 256 * 1024  # measured on gloo over loopback: see the closing note of issue 7
+SEGMENT_BYTES = None  # bytes per segment when the caller gives none; None: whole chunks
 MAX_SEGMENTS = 16
 
 
@@ -59,11 +63,12 @@ def ring_step_chunks(rank, world, step, phase):
 
 def ring_segments(numel, world, element_size, backend="gloo", segment_bytes=None):
     """S, the number of segments each ring step's chunk travels in: about
-    ``segment_bytes`` (default SEGMENT_BYTES) each, at most MAX_SEGMENTS, never
-    more than the smallest chunk has elements; 1 on NCCL, which slices chunks itself."""
+    ``segment_bytes`` (default SEGMENT_BYTES; None means whole chunks) each, at
+    most MAX_SEGMENTS, never more than the smallest chunk has elements; 1 on
+    NCCL, which slices chunks itself."""
     segment_bytes = segment_bytes or SEGMENT_BYTES
     smallest_chunk = numel // world
-    if backend != "gloo" or smallest_chunk < 2:
+    if backend != "gloo" or smallest_chunk < 2 or not segment_bytes:
         return 1
     wanted = math.ceil(smallest_chunk * element_size / segment_bytes)
     return max(1, min(wanted, MAX_SEGMENTS, smallest_chunk))
@@ -179,23 +184,23 @@ def _maybe_async(async_op, group, fn, *args):
     return fn(*args)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, segment_bytes=None):
     """Bandwidth-optimal ring all-reduce, in place: reduce-scatter, then all-gather,
-    over K near-equal chunks, each pipelined in S segments (see the module's
-    docstring). 2(K-1) steps of at most ceil(N/K) elements per rank; returns the
-    tensor, or a Handle with ``async_op=True``."""
+    over K near-equal chunks, pipelined in segments of about ``segment_bytes``
+    if given (see the module's docstring). 2(K-1) steps of at most ceil(N/K)
+    elements per rank; returns the tensor, or a Handle with ``async_op=True``."""
     validate(tensor, op, group=group)
-    return _maybe_async(async_op, group, _all_reduce, tensor, op, group)
+    return _maybe_async(async_op, group, _all_reduce, tensor, op, group, segment_bytes)
 
 
-def _all_reduce(tensor, op, group):
+def _all_reduce(tensor, op, group, segment_bytes):
     world = dist.get_world_size(group)
     data = Flat(tensor)
     if world > 1 and tensor.numel() > 0:
         bounds = chunk_bounds(data.flat.numel(), world)
         mine = data.flat[slice(*bounds[dist.get_rank(group)])]
         segments = ring_segments(data.flat.numel(), world, data.flat.element_size(),
-                                 dist.get_backend(group))
+                                 dist.get_backend(group), segment_bytes)
         _ring_collective(data.flat, bounds, op, group, mine, True, True, segments)
     elif op == ReduceOp.AVG:
         data.flat.div_(world)

@@ -190,14 +190,13 @@ def test_ring_all_reduce_sends_2_n_minus_1_chunks(world, numel):
 def segmented(numel, segment_bytes, op):
     from course_lib.collectives import ring
 
-    ring.SEGMENT_BYTES = segment_bytes  # this rank's copy of the module only
     rank, world = dist.get_rank(), dist.get_world_size()
     x = torch.randn(numel, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
     want = x.clone()
     dist.all_reduce(want, op=op)
     with comm.counting() as stats:
-        C.all_reduce(x, op)
-    segments = ring.ring_segments(numel, world, x.element_size())
+        C.all_reduce(x, op, segment_bytes=segment_bytes)
+    segments = ring.ring_segments(numel, world, x.element_size(), segment_bytes=segment_bytes)
     return torch.allclose(x, want, rtol=1e-12, atol=1e-12), segments, stats.as_dict()
 
 
