@@ -18,9 +18,10 @@ The package is laid out by layer; a lower layer never imports a higher one:
 ``%load_ext course_lib`` adds the ``%%torchrun`` cell magic.
 """
 from course_lib.runtime import (LaunchError, LaunchTimeout, Results, run, run_cell, run_script,
-                                sync)
+                                shutdown, sync)
 
-__all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout", "sync"]
+__all__ = ["run", "run_cell", "run_script", "shutdown", "Results", "LaunchError",
+           "LaunchTimeout", "sync"]
 
 
 def load_ipython_extension(ipython):

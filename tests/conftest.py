@@ -29,11 +29,37 @@ def job_processes():
     return found
 
 
+def stray_processes():
+    """Job processes other than this test process's warm job (which may stay
+    up between tests: that is what it is for)."""
+    from course_lib.runtime import warm
+
+    keep = warm.current_job_id()
+    strays = []
+    for p in job_processes():
+        try:
+            if keep is None or p.environ().get(procs.MARKER) != keep:
+                strays.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return strays
+
+
 @pytest.fixture(autouse=True)
 def no_orphans():
     yield
-    left = job_processes()
+    left = stray_processes()
     assert not left, f"processes left running after the test: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_at_the_end():
+    yield
+    from course_lib import shutdown
+
+    shutdown()
+    left = job_processes()
+    assert not left, f"processes left after shutdown(): {[(p.pid, p.cmdline()) for p in left]}"
 
 
 def ship_by_value(module_name):

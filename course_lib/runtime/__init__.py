@@ -1,6 +1,9 @@
 """Launching real torchrun jobs from a notebook, and what every rank needs to start.
 
-- :mod:`~course_lib.runtime.launcher`: ``run``, ``run_cell``, ``run_script`` (the notebook side)
+- :mod:`~course_lib.runtime.launcher`: ``run``, ``run_cell``, ``run_script``, ``shutdown`` (the notebook side)
+- :mod:`~course_lib.runtime.job`: one torchrun process, its output and its stacks
+- :mod:`~course_lib.runtime.warm`: the warm job a kernel keeps between calls
+- :mod:`~course_lib.runtime.isolation`: what a warm rank resets between calls
 - :mod:`~course_lib.runtime.worker`: what torchrun starts on each rank
 - :mod:`~course_lib.runtime.procs`: finding and ending every process of a job
 - :mod:`~course_lib.runtime.backend`: ``backend="auto"``, joining the process group
@@ -10,7 +13,8 @@
 from course_lib.runtime.backend import current_device, init_distributed, resolve_backend
 from course_lib.runtime.device import set_thread_device, sync
 from course_lib.runtime.launcher import (LaunchError, LaunchTimeout, Results, run, run_cell,
-                                         run_script)
+                                         run_script, shutdown)
 
 __all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout",
-           "current_device", "init_distributed", "resolve_backend", "sync", "set_thread_device"]
+           "shutdown", "current_device", "init_distributed", "resolve_backend", "sync",
+           "set_thread_device"]

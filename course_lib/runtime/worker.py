@@ -1,9 +1,25 @@
 """What torchrun starts on every rank: ``python -m course_lib.runtime.worker JOB_DIR``.
 
-Reads the job the launcher wrote (a pickled function, a cell, or a script path),
-prefixes every line this rank prints with ``[rankR]``, arms faulthandler so the
-launcher can ask for this rank's stack, runs the job, and writes back either the
-result (plus this rank's trace) or an error record with the traceback.
+Prefixes every line this rank prints with ``[rankR]``, arms faulthandler so the
+notebook can ask for this rank's stack, watches the notebook kernel's pid, and
+then either runs a script (``mode: script``, a fresh job per script) or
+*serves*: joins the process group once and runs the calls the notebook sends,
+one after another, until told to stop (warm ranks).
+
+Serving, call by call:
+
+1. wait for ``task/N`` in the notebook's key-value store (a TCPStore the
+   notebook hosts; its port is in ``COURSE_LIB_STORE_PORT``);
+2. put the rank back into the state it had before the first call
+   (:class:`~course_lib.runtime.isolation.Baseline`), start a trace;
+3. run the pickled function or cell from ``taskN.pkl``;
+4. write ``result{rank}-{N}.pkl`` (value moved to CPU, plus the trace), destroy
+   the process groups the call created, and print a marker line that tells
+   the notebook this rank is done with call N.
+
+A rank whose call raises writes ``error{rank}.json`` with the traceback and
+exits: torchrun ends the other ranks (one may be stuck in a collective that
+will never complete), and the notebook starts a fresh job next time.
 """
 from __future__ import annotations
 
@@ -17,7 +33,10 @@ import sys
 import threading
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
+
+from course_lib.runtime.job import marker
 
 
 class _RankPrefixed(io.TextIOBase):
@@ -59,61 +78,106 @@ def _watch_launcher(pid):
             pass
 
 
-def _to_cpu(value):
-    import torch
+def map_tensors(fn, value):
+    """``value`` with ``fn`` applied to every tensor inside it, whatever the
+    nesting: lists, tuples, dicts, OrderedDicts and namedtuples (through
+    ``torch.utils._pytree``) and dataclasses (field by field)."""
+    import dataclasses
 
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(_to_cpu(v) for v in value)
-    if isinstance(value, dict) and type(value) is dict:
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
+    import torch
+    from torch.utils import _pytree as pytree
+
+    def leaf(x):
+        if isinstance(x, torch.Tensor):
+            return fn(x)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            changes = {f.name: map_tensors(fn, getattr(x, f.name))
+                       for f in dataclasses.fields(x) if f.init}
+            return dataclasses.replace(x, **changes)
+        return x
+
+    return pytree.tree_map(leaf, value)
+
+
+def to_cpu(value):
+    """Everything a rank returns travels to the notebook on CPU, detached."""
+    return map_tensors(lambda t: t.detach().cpu(), value)
 
 
 def _user_traceback(exc):
-    """The traceback without the launcher's own frames."""
+    """The traceback without this module's own frames."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _run_job(job, spec, rank):
+def _run_script(job):
+    script = json.loads((job / "payload.json").read_text())
+    sys.argv = [script["path"], *script["argv"]]
+    sys.path.insert(0, str(Path(script["path"]).parent))
+    runpy.run_path(script["path"], run_name="__main__")
+
+
+def _run_call(job, task, rank):
+    """One call of a serving rank; returns (value on CPU, trace export)."""
     import cloudpickle
-    import torch
-
-    from course_lib import trace
-    from course_lib.runtime.backend import current_device, init_distributed
-
-    payload = (job / "payload.pkl").read_bytes()
-    if spec["mode"] == "script":
-        script = json.loads(payload)
-        sys.argv = [script["path"], *script["argv"]]
-        sys.path.insert(0, str(Path(script["path"]).parent))
-        runpy.run_path(script["path"], run_name="__main__")
-        return None, None
-    obj = cloudpickle.loads(payload)
-    backend = init_distributed(spec["backend"], timeout_s=spec["timeout"] + 60)
-    if backend == "nccl":
-        # notebook code says torch.zeros(...): on a GPU rank that should mean its GPU
-        torch.set_default_device(current_device())
-    trace.start()
     import torch.distributed as dist
 
-    if spec["mode"] == "fn":
+    from course_lib import trace
+    from course_lib.runtime.backend import current_device
+
+    obj = cloudpickle.loads((job / f"task{task['id']}.pkl").read_bytes())
+    trace.start()
+    if task["mode"] == "fn":
         fn, args, kwargs = obj
         result = fn(*args, **kwargs)
     else:
         source, namespace = obj
-        namespace.update(__name__="__main__", rank=dist.get_rank(),
-                         world_size=dist.get_world_size(),
+        namespace.update(__name__="__main__", rank=rank, world_size=dist.get_world_size(),
                          local_rank=int(os.environ["LOCAL_RANK"]), device=current_device())
         exec(compile(source, "<%%torchrun cell>", "exec"), namespace)
         result = None
-    exported = trace.finish()
-    dist.destroy_process_group()
-    return _to_cpu(result), exported
+    return to_cpu(result), trace.finish()
+
+
+def _serve(job, spec, rank):
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.runtime.backend import current_device, init_distributed
+    from course_lib.runtime.isolation import Baseline
+
+    backend = init_distributed(spec["backend"], timeout_s=spec["timeout"] + 60)
+    device = current_device()
+    if backend == "nccl":
+        # notebook code says torch.zeros(...): on a GPU rank that should mean its GPU
+        torch.set_default_device(device)
+    # The notebook's store; a rank waiting longer than the idle limit (plus a
+    # margin for the notebook's own timer) gives up and ends the job.
+    store = dist.TCPStore("127.0.0.1", int(os.environ["COURSE_LIB_STORE_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=spec["idle_s"] + 120))
+    baseline = Baseline(default_device=device if backend == "nccl" else None)
+    number = 0
+    while True:
+        number += 1
+        try:
+            task = json.loads(store.get(f"task/{number}"))
+        except dist.DistStoreError:
+            return  # idle for too long: nobody will send more work
+        if task.get("stop"):
+            return
+        baseline.restore(cwd=task["cwd"])
+        value, exported = _run_call(job, task, rank)
+        (job / f"result{rank}-{number}.pkl").write_bytes(cloudpickle.dumps((value, exported)))
+        reusable = baseline.release_groups()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.__stdout__.write(marker("done" if reusable else "retire", number, rank))
+        sys.__stdout__.flush()
+        if not reusable:
+            return
 
 
 def main():
@@ -122,34 +186,39 @@ def main():
     rank = int(os.environ["RANK"])
     sys.stdout = _RankPrefixed(sys.__stdout__, f"[rank{rank}] ")
     sys.stderr = _RankPrefixed(sys.__stderr__, f"[rank{rank}] ")
-    stack_file = open(job / f"stack{rank}.txt", "w")
+    # append mode: the notebook truncates the file before asking for a fresh dump
+    stack_file = open(job / f"stack{rank}.txt", "a")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     (job / f"pid{rank}").write_text(str(os.getpid()))
     threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"],), daemon=True).start()
+    if rank == 0:  # the port torchrun's rendezvous store bound (it chose it: port 0)
+        (job / "port").write_text(os.environ.get("MASTER_PORT", ""))
+    code = 0
     try:
-        import cloudpickle
-
-        result = _run_job(job, spec, rank)
-        (job / f"result{rank}.pkl").write_bytes(cloudpickle.dumps(result))
-        code = 0
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the notebook
-        if isinstance(exc, SystemExit) and exc.code in (0, None) and spec["mode"] == "script":
-            (job / f"result{rank}.pkl").write_bytes(__import__("pickle").dumps((None, None)))
-            code = 0
+        if spec["mode"] == "script":
+            _run_script(job)
         else:
-            tb = _user_traceback(exc)
-            record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
-                      "traceback": tb, "time": time.time()}
-            (job / f"error{rank}.json").write_text(json.dumps(record))
-            # The full traceback travels in the LaunchError; one line here keeps the
-            # cell readable when the other ranks fail as a consequence.
-            print(f"failed with {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
-            code = 1
+            _serve(job, spec, rank)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            code = _report(job, rank, exc)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the notebook
+        code = _report(job, rank, exc)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a failed rank's peers may still hold sockets open,
     # and gloo's threads can block a normal exit.
     os._exit(code)
+
+
+def _report(job, rank, exc):
+    record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
+              "traceback": _user_traceback(exc), "time": time.time()}
+    (job / f"error{rank}.json").write_text(json.dumps(record))
+    # The full traceback travels in the LaunchError; one line here keeps the
+    # cell readable when the other ranks fail as a consequence.
+    print(f"failed with {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

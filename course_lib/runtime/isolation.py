@@ -1,0 +1,98 @@
+"""What a warm rank resets between calls, so each call starts as a fresh job would.
+
+A warm rank runs many notebook calls in one process. Anything a call changes
+in the process's global state would leak into the next call; :class:`Baseline`
+records that state once, before the first call, and puts it back before every
+call:
+
+- torch's default dtype and default device;
+- the RNG states of torch (CPU and, on GPU ranks, CUDA), numpy and ``random``:
+  every call draws the same numbers the first call drew, as a fresh job would;
+- grad mode, deterministic-algorithm flags, cuDNN flags, torch's thread count;
+- the working directory (the notebook's current one, sent with each call) and
+  ``sys.argv``;
+- process groups a call created are destroyed after it; the default group stays;
+- course_lib's own per-rank state: communication counters, the trace recorder.
+
+Not reset: module-level state of modules the user imported (documented in
+the README; ``run(..., fresh=True)`` gives a brand-new job).
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def _numpy_random():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy.random
+
+
+def _live_groups():
+    """The process groups torch currently knows, the default one included."""
+    world = dist.distributed_c10d._world
+    return set(world.pg_map) if dist.is_initialized() else set()
+
+
+class Baseline:
+    """The state of this rank right after start-up; :meth:`restore` returns to it."""
+
+    def __init__(self, default_device=None):
+        self.default_device = default_device
+        self.dtype = torch.get_default_dtype()
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = (torch.cuda.get_rng_state_all()
+                         if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+        np_random = _numpy_random()
+        self.numpy_rng = np_random.get_state() if np_random is not None else None
+        self.python_rng = random.getstate()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        self.cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+        self.threads = torch.get_num_threads()
+        self.argv = list(sys.argv)
+        self.groups = _live_groups()
+
+    def restore(self, cwd=None):
+        """Before a call: every item of the module docstring back as it was."""
+        torch.set_default_dtype(self.dtype)
+        torch.set_default_device(self.default_device)
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        if self.numpy_rng is not None:
+            _numpy_random().set_state(self.numpy_rng)
+        random.setstate(self.python_rng)
+        torch.set_grad_enabled(True)
+        torch.use_deterministic_algorithms(self.deterministic,
+                                           warn_only=self.deterministic_warn_only)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self.cudnn
+        torch.set_num_threads(self.threads)
+        sys.argv[:] = self.argv
+        if cwd is not None:
+            os.chdir(cwd)
+        _reset_course_lib_state()
+
+    def release_groups(self):
+        """After a call: destroy the process groups it created. Returns False when
+        the call destroyed the default group itself (the rank cannot serve again)."""
+        if not dist.is_initialized():
+            return False
+        for group in _live_groups() - self.groups:
+            dist.destroy_process_group(group)
+        return True
+
+
+def _reset_course_lib_state():
+    from course_lib import comm, trace
+
+    comm._active.clear()
+    if trace.get_tracer() is not None:
+        trace.finish()
