@@ -1,0 +1,108 @@
+"""The launcher's sturdiness: concurrent launches, stray grandchildren, clean-up
+failures, and what ranks send back."""
+import collections
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ship_by_value, stray_processes
+from course_lib import LaunchError, run, run_script, shutdown
+from course_lib.runtime import procs
+from course_lib.runtime.worker import map_tensors
+
+ship_by_value(__name__)
+
+
+def test_two_notebooks_launching_at_once_never_collide(tmp_path):
+    """No probe-then-bind: each rendezvous binds port 0 itself."""
+    script = tmp_path / "launcher.py"
+    script.write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        from course_lib import run
+        for i in range(10):
+            assert run(dist.get_rank, nproc=2, timeout=120) == [0, 1], i
+        print("TEN OK")
+    """))
+    env = {**os.environ, "COURSE_LIB_WARM": "0"}  # ten real launches each
+    kernels = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+               for _ in range(2)]
+    for k in kernels:
+        out, err = k.communicate(timeout=600)
+        assert k.returncode == 0 and "TEN OK" in out, err[-3000:]
+
+
+def leaves_a_grandchild(value):
+    # a DataLoader worker or a helper a student started, holding the output pipe
+    subprocess.Popen(["sleep", "60"])
+    return value * dist.get_rank()
+
+
+def test_a_grandchild_holding_the_pipe_does_not_turn_success_into_a_timeout():
+    assert run(leaves_a_grandchild, 7, nproc=2, timeout=30) == [0, 7]
+    shutdown()  # the grandchildren belong to the job and go with it
+    assert not stray_processes()
+
+
+def test_a_script_leaving_a_grandchild_still_returns(tmp_path):
+    script = tmp_path / "spawner.py"
+    script.write_text("import subprocess\nsubprocess.Popen(['sleep', '60'])\nprint('spawned')\n")
+    assert run_script(script, nproc=2, timeout=30) == [None, None]
+    assert not stray_processes()
+
+
+def test_a_failing_clean_up_does_not_hide_the_ranks_error(monkeypatch):
+    real_kill = procs.kill_job
+
+    def kill_then_complain(proc, job_id, timeout=10.0):
+        real_kill(proc, job_id, timeout)
+        raise RuntimeError("a process survived (simulated)")
+
+    monkeypatch.setattr(procs, "kill_job", kill_then_complain)
+    with pytest.raises(LaunchError) as info:
+        run(divmod, 1, 0, nproc=2)
+    assert info.value.exc_type == "ZeroDivisionError"
+    assert any("simulated" in note for note in getattr(info.value, "__notes__", []))
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+@dataclasses.dataclass
+class Box:
+    weights: torch.Tensor
+    label: str
+    extra: list
+
+
+def test_tensors_are_mapped_in_any_nesting_and_containers_keep_their_type():
+    value = {"state": collections.OrderedDict(w=torch.ones(2), b=torch.zeros(1)),
+             "pair": Pair(torch.ones(1), [torch.ones(1), 3]),
+             "box": Box(torch.ones(3), "x", [torch.ones(1)]), "n": 5}
+    doubled = map_tensors(lambda t: t * 2, value)
+    assert type(doubled["state"]) is collections.OrderedDict
+    assert list(doubled["state"]) == ["w", "b"] and torch.equal(doubled["state"]["w"], 2 * torch.ones(2))
+    assert type(doubled["pair"]) is Pair and torch.equal(doubled["pair"].left, torch.full((1,), 2.0))
+    assert doubled["pair"].right[1] == 3
+    assert type(doubled["box"]) is Box and doubled["box"].label == "x"
+    assert torch.equal(doubled["box"].weights, torch.full((3,), 2.0))
+    assert torch.equal(doubled["box"].extra[0], torch.full((1,), 2.0))
+    assert doubled["n"] == 5
+
+
+def state_of_a_layer():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    return layer.state_dict(), Pair(dist.get_rank(), torch.ones(1, requires_grad=True) * 2)
+
+
+def test_results_keep_their_structure_across_the_process_boundary():
+    state, pair = run(state_of_a_layer, nproc=2)[1]
+    assert type(state) is collections.OrderedDict and list(state) == ["weight", "bias"]
+    assert type(pair) is Pair and pair.left == 1 and not pair.right.requires_grad
