@@ -1,6 +1,6 @@
 """Benchmarks, measured as ratios in one run: ``python -m course_lib.bench WHAT``.
 
-    python -m course_lib.bench launch --nproc 4 --repeat 5   # cost of one run()
+    python -m course_lib.bench launch --nproc 4 --repeat 10  # first and warm run() calls
     python -m course_lib.bench collectives --nproc 4 --sizes 4K:64M --json out.json
     python -m course_lib.bench ddp --nproc 2 --bucket-mb 25 --sweep 1,4,16,64
 
@@ -22,7 +22,7 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("launch", help="cost of launching one job")
     p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=10, help="warm calls after the first")
     p.add_argument("--json", default=None)
     p = sub.add_parser("collectives", help="ours vs torch's collectives, nccl-tests style")
     p.add_argument("--nproc", type=int, default=2)
@@ -63,11 +63,10 @@ def main(argv=None):
         result = {"step_s": times, "overlap": overlap, "buckets": traced[0],
                   "sweep": {str(k): {"ours_s": v[0], "torch_s": v[1]} for k, v in sweep.items()}}
     elif ns.what == "launch":
-        from course_lib.bench.launch import bench_launch
+        from course_lib.bench.launch import bench_launch, format_launch
 
         result = bench_launch(ns.nproc, ns.repeat)
-        print(f"run(trivial, nproc={ns.nproc}) x{ns.repeat}: median {result['median_s']:.2f} s "
-              f"(min {result['min_s']:.2f}, max {result['max_s']:.2f})")
+        print(format_launch(result))
     elif ns.what == "collectives":
         from course_lib.bench import collectives as bc
         from course_lib.runtime.launcher import run

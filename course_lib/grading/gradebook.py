@@ -5,8 +5,8 @@
 ``submissions/<student>/NN_name.ipynb`` (or ``submissions/<student>.ipynb``).
 Before running, every cell tagged ``check`` is restored from the generated lab
 (matched by cell id), so an edited check cannot pass itself. A column
-``Exercise N.M`` scores 1 when the notebook printed ``✓ Exercise N.M passed``
-from a restored check cell, else 0.
+``Exercise N.M`` scores 1 when that exercise's own (restored) check cell
+printed the whole line ``✓ Exercise N.M passed`` and raised nothing, else 0.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from pathlib import Path
 import nbformat
 
 from course_lib.grading.checks import PASS_MARK
-from course_lib.grading.labgen import exercises_in, make_lab
+from course_lib.grading.labgen import EXERCISE_HEADING, exercises_in, make_lab
 
-PASS_LINE = re.compile(re.escape(PASS_MARK) + r" (Exercise \d+\.\d+) passed")
+# A pass is this whole line, printed to stdout by the check cell of that exercise.
+PASS_LINE = re.compile("^" + re.escape(PASS_MARK) + r" (Exercise \d+\.\d+) passed( \(.*\))?$")
 
 
 def restore_checks(submission, lab):
@@ -36,14 +37,26 @@ def restore_checks(submission, lab):
 
 
 def passed_exercises(nb, check_ids):
-    found = set()
+    """The exercises whose own check cell printed their pass line, as a whole
+    line on stdout, and raised nothing. A check cell belongs to the exercise of
+    the nearest ``Exercise N.M`` heading above it; a pass line printed anywhere
+    else (a student's cell, another exercise's check, the middle of a line)
+    counts for nothing."""
+    found, exercise = set(), None
     for cell in nb.cells:
-        if cell.cell_type != "code" or cell.get("id") not in check_ids:
+        if cell.cell_type == "markdown":
+            headings = EXERCISE_HEADING.findall(cell.source)
+            if headings:
+                exercise = headings[-1][0]
+            continue
+        if cell.cell_type != "code" or cell.get("id") not in check_ids or exercise is None:
             continue
         if any(o.get("output_type") == "error" for o in cell.outputs):
             continue
-        text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
-        found |= set(PASS_LINE.findall(text))
+        text = "".join(o.get("text", "") for o in cell.outputs
+                       if o.get("output_type") == "stream" and o.get("name") == "stdout")
+        if any(m and m.group(1) == exercise for m in map(PASS_LINE.match, text.splitlines())):
+            found.add(exercise)
     return found
 
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from course_lib.bench import collectives as bc
-from course_lib.bench.launch import bench_launch
+from course_lib.bench.launch import bench_launch, format_launch
 
 
 def test_size_parsing_and_ranges():
@@ -41,6 +41,8 @@ def test_unknown_op_is_refused():
     assert proc.returncode == 2 and "unknown ops" in proc.stderr
 
 
-def test_launch_benchmark_reports_a_median():
-    result = bench_launch(nproc=2, repeat=2)
-    assert result["min_s"] <= result["median_s"] <= result["max_s"] and len(result["times_s"]) == 2
+def test_launch_benchmark_reports_the_first_call_and_warm_calls_apart():
+    result = bench_launch(nproc=2, repeat=3)
+    warm = result["warm"]
+    assert warm["min_s"] <= warm["median_s"] <= warm["max_s"] and len(warm["times_s"]) == 3
+    assert result["first_s"] > 0 and "warm calls: median" in format_launch(result)

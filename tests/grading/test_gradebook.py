@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def check_cell(ex, expr):
-    cell = new_code_cell(f"from course_lib import checks\nassert {expr}, 'wrong'\n"
+    cell = new_code_cell(f"from course_lib.grading import checks\nassert {expr}, 'wrong'\n"
                          f"checks.passed('Exercise {ex}')")
     cell.metadata["tags"] = ["check"]
     return cell
@@ -79,3 +79,31 @@ def test_lab_stubs_fail_their_checks_with_not_implemented(name, tmp_path):
             (err,) = [o for o in cell.outputs if o.output_type == "error"]
             errors[err.evalue.split(" is not")[0].split(":")[0]] = err.ename
     assert errors == {ex: "NotImplementedError" for ex, _ in exercises_in(solution)}
+
+
+def executed(cells):
+    """A notebook as if run: (cell, stdout text or None) pairs."""
+    from nbformat.v4 import new_output
+
+    nb = new_notebook()
+    for cell, text in cells:
+        if text is not None:
+            cell.outputs = [new_output("stream", name="stdout", text=text)]
+        nb.cells.append(cell)
+    return nb
+
+
+def test_a_pass_counts_only_from_its_own_check_cell_as_a_whole_line():
+    check_71, check_72 = check_cell("7.1", "True"), check_cell("7.2", "True")
+    student_72 = new_code_cell("print('✓ Exercise 7.1 passed')")  # a forged line
+    nb = executed([
+        (new_markdown_cell("## Exercise 7.1: double"), None),
+        (new_code_cell("def double(x): return x"), None),
+        (check_71, "wrong answer\n"),
+        (new_markdown_cell("## Exercise 7.2: square"), None),
+        (student_72, "✓ Exercise 7.1 passed\n"),
+        (check_72, "✓ Exercise 7.1 passed\nnot quite ✓ Exercise 7.2 passed\n"),
+    ])
+    assert grade.passed_exercises(nb, {check_71.id, check_72.id}) == set()
+    check_72.outputs[0].text = "details...\n✓ Exercise 7.2 passed (world sizes 2 and 3)\n"
+    assert grade.passed_exercises(nb, {check_71.id, check_72.id}) == {"Exercise 7.2"}
