@@ -30,15 +30,15 @@ def job_processes():
 
 
 def stray_processes():
-    """Job processes other than this test process's warm job (which may stay
-    up between tests: that is what it is for)."""
+    """Job processes other than this test process's warm jobs (which may stay
+    up between tests: that is what they are for)."""
     from course_lib.runtime import warm
 
-    keep = warm.current_job_id()
+    keep = warm.current_job_ids()
     strays = []
     for p in job_processes():
         try:
-            if keep is None or p.environ().get(procs.MARKER) != keep:
+            if p.environ().get(procs.MARKER) not in keep:
                 strays.append(p)
         except (psutil.Error, OSError):
             continue

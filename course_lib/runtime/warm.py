@@ -1,4 +1,4 @@
-"""Warm ranks: one torchrun job per kernel whose ranks stay up between calls.
+"""Warm ranks: torchrun jobs a kernel keeps, whose ranks stay up between calls.
 
 Starting a job costs seconds (torchrun, ``import torch`` in every rank, the
 process group's rendezvous; NCCL communicators on a GPU node). The first
@@ -11,8 +11,11 @@ a second. It is a real torchrun job throughout.
   (:mod:`course_lib.runtime.isolation`).
 - Any failure, timeout or interrupt ends the job completely (a rank may be
   stuck inside a collective); the next call starts a fresh one.
-- One warm job per kernel: a call with another N or backend replaces it.
-  ``run(..., fresh=True)`` replaces it too.
+- One warm job per (N, backend), at most ``COURSE_LIB_WARM_MAX`` of them per
+  kernel (default 3: a check grades at two world sizes, the lab runs at a
+  third); a call for yet another
+  (N, backend) ends the least recently used. ``run(..., fresh=True)`` replaces
+  the job it would have used.
 - It ends with :func:`shutdown`, at interpreter exit, when the kernel dies
   (the ranks watch its pid) and after ``COURSE_LIB_WARM_IDLE_S`` seconds
   without a call (default 600), so a forgotten notebook does not hold GPUs.
@@ -78,24 +81,34 @@ class ServingJob:
 
 
 _lock = threading.RLock()
-_current: ServingJob | None = None
-_timer: threading.Timer | None = None
+_jobs: dict = {}  # (nproc, backend) -> ServingJob, least recently used first
+_timers: dict = {}
+
+
+def max_jobs():
+    """How many warm jobs a kernel keeps at once (``COURSE_LIB_WARM_MAX``, default 3):
+    a check cell grades at two world sizes and the lab around it runs at NPROC;
+    with one warm job, each of those calls would start its size afresh. Idle
+    ranks cost memory (a few hundred MB each on CPU), not compute."""
+    return max(1, int(os.environ.get("COURSE_LIB_WARM_MAX", "3")))
 
 
 def acquire(nproc, backend, timeout, fresh=False):
     """The warm job for (nproc, backend), started if there is none or it cannot
     serve; the caller owns it until :func:`release` or :func:`discard`."""
-    global _current
+    key = (nproc, backend)
     with _lock:
-        _cancel_timer()
-        job = _current
-        stale = job is not None and (time.monotonic() - job.last_used > job.idle_s)
-        if job is not None and (fresh or stale or not job.job.alive()
-                                or (job.nproc, job.backend) != (nproc, backend)):
+        job = _jobs.pop(key, None)
+        _cancel_timer(job)
+        if job is not None and (fresh or not job.job.alive()
+                                or time.monotonic() - job.last_used > job.idle_s):
             discard(job)
             job = None
+        while len(_jobs) >= max_jobs():  # make room: end the least recently used
+            discard(next(iter(_jobs.values())))
         if job is None:
-            job = _current = ServingJob(nproc, backend, timeout)
+            job = ServingJob(nproc, backend, timeout)
+        _jobs[key] = job
         return job
 
 
@@ -105,17 +118,16 @@ def release(job):
         job.last_used = time.monotonic()
         if not enabled():
             discard(job)
-        elif job is _current:
+        elif _jobs.get((job.nproc, job.backend)) is job:
             _arm_timer(job)
 
 
 def discard(job):
     """End ``job`` and everything it started. Raises RuntimeError if a process survived."""
-    global _current
     with _lock:
-        if job is _current:
-            _current = None
-            _cancel_timer()
+        if _jobs.get((job.nproc, job.backend)) is job:
+            del _jobs[(job.nproc, job.backend)]
+        _cancel_timer(job)
     job.stop()
     try:
         job.job.kill()
@@ -123,37 +135,43 @@ def discard(job):
         job.__dict__.pop("store", None)  # the last reference: closes the server socket
 
 
-def current_job_id():
-    """The environment marker of this kernel's warm job, or None."""
+def current_job_ids():
+    """The environment markers of this kernel's warm jobs."""
     with _lock:
-        return _current.job.id if _current is not None else None
+        return {job.job.id for job in _jobs.values()}
 
 
 def shutdown():
-    """End this kernel's warm job, if any (``course_lib.shutdown()``)."""
+    """End this kernel's warm jobs (``course_lib.shutdown()``). Raises RuntimeError,
+    after trying them all, if a process survived."""
     with _lock:
-        job = _current
-        if job is not None:
+        jobs = list(_jobs.values())
+    problems = []
+    for job in jobs:
+        try:
             discard(job)
+        except RuntimeError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise RuntimeError("; ".join(problems))
 
 
 def _arm_timer(job):
-    global _timer
-    _timer = threading.Timer(job.idle_s, _expire, args=(job,))
-    _timer.daemon = True
-    _timer.start()
+    timer = _timers[id(job)] = threading.Timer(job.idle_s, _expire, args=(job,))
+    timer.daemon = True
+    timer.start()
 
 
-def _cancel_timer():
-    global _timer
-    if _timer is not None:
-        _timer.cancel()
-        _timer = None
+def _cancel_timer(job):
+    timer = _timers.pop(id(job), None) if job is not None else None
+    if timer is not None:
+        timer.cancel()
 
 
 def _expire(job):
     with _lock:
-        if job is _current and time.monotonic() - job.last_used >= job.idle_s - 1:
+        if (_jobs.get((job.nproc, job.backend)) is job
+                and time.monotonic() - job.last_used >= job.idle_s - 1):
             discard(job)
 
 

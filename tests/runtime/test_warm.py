@@ -43,11 +43,25 @@ def test_fifty_warm_calls_in_a_row_are_correct():
         assert run(summed, i, nproc=3, timeout=60) == [3.0 + 3 * i] * 3, i
 
 
-def test_another_world_size_replaces_the_job():
+def test_each_world_size_keeps_its_job_up_to_the_limit(monkeypatch):
+    monkeypatch.setenv("COURSE_LIB_WARM_MAX", "2")
+    shutdown()
+    two, three = pids(nproc=2), pids(nproc=3)
+    assert set(two).isdisjoint(three)
+    assert pids(nproc=2) == two and pids(nproc=3) == three  # both stay warm
+    pids(nproc=2)
+    one = pids(nproc=1)  # a third size ends the least recently used: the 3-rank job
+    assert len(warm.current_job_ids()) == 2
+    assert not any(p.pid in three for p in stray_processes())
+    assert pids(nproc=2) == two and pids(nproc=1) == one
+
+
+def test_one_warm_job_replaces_another_when_the_limit_is_one(monkeypatch):
+    monkeypatch.setenv("COURSE_LIB_WARM_MAX", "1")
     two = pids(nproc=2)
     three = pids(nproc=3)
-    assert set(two).isdisjoint(three)
-    assert not any(p.pid in two for p in stray_processes())  # the 2-rank job is gone
+    assert set(two).isdisjoint(three) and len(warm.current_job_ids()) == 1
+    assert not any(p.pid in two for p in stray_processes())
 
 
 def test_a_call_after_a_failure_uses_a_fresh_job():
@@ -87,10 +101,11 @@ def test_a_call_after_an_interrupt_uses_a_fresh_job():
 
 
 def test_shutdown_ends_every_process_of_the_job():
-    pids()
-    assert warm.current_job_id() is not None
+    pids(nproc=2)
+    pids(nproc=3)
+    assert len(warm.current_job_ids()) == 2
     shutdown()
-    assert warm.current_job_id() is None and not stray_processes()
+    assert warm.current_job_ids() == set() and not stray_processes()
 
 
 def test_a_job_started_from_a_helper_thread_outlives_the_thread():
@@ -230,7 +245,7 @@ def test_warm_ranks_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_WARM", "0")
     first, second = pids(), pids()
     assert set(first).isdisjoint(second)
-    assert warm.current_job_id() is None and not stray_processes()
+    assert not warm.current_job_ids() and not stray_processes()
 
 
 def test_two_kernels_keep_their_own_jobs(tmp_path):
