@@ -66,3 +66,16 @@ def ship_by_value(module_name):
     """Test modules are not importable on the ranks; ship their functions by
     value, as a notebook's are."""
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
+
+
+def needs_gpus(count):
+    """Skip a module's tests, saying why, unless ``count`` CUDA GPUs and NCCL are there."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count()
+    return pytest.mark.skipif(
+        gpus < count or not dist.is_nccl_available(),
+        reason=f"needs {'a CUDA GPU' if count == 1 else f'{count} CUDA GPUs'} and NCCL "
+               f"(torch sees {gpus} GPU(s), NCCL "
+               f"{'available' if dist.is_nccl_available() else 'missing'})")

@@ -28,6 +28,7 @@ import io
 import json
 import os
 import runpy
+import shutil
 import signal
 import sys
 import threading
@@ -66,13 +67,16 @@ class _RankPrefixed(io.TextIOBase):
             self._stream.flush()
 
 
-def _watch_launcher(pid):
-    """End this rank if the notebook kernel that launched it has gone."""
+def _watch_launcher(pid, job, rank):
+    """End this rank if the notebook kernel that launched it has gone (rank 0
+    also removes the job folder: nobody else is left to)."""
     while True:
         time.sleep(0.5)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            if rank == 0:
+                shutil.rmtree(job, ignore_errors=True)
             os._exit(3)
         except PermissionError:
             pass
@@ -190,7 +194,8 @@ def main():
     stack_file = open(job / f"stack{rank}.txt", "a")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     (job / f"pid{rank}").write_text(str(os.getpid()))
-    threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"],), daemon=True).start()
+    threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"], job, rank),
+                     daemon=True).start()
     if rank == 0:  # the port torchrun's rendezvous store bound (it chose it: port 0)
         (job / "port").write_text(os.environ.get("MASTER_PORT", ""))
     code = 0

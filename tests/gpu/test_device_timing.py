@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import ship_by_value
+from conftest import needs_gpus, ship_by_value
 from course_lib import comm, run, sync, trace
 from course_lib.collectives import p2p
 from course_lib.ddp import DDP
@@ -25,10 +25,7 @@ from course_lib.trace.metrics import intersect, total, union
 ship_by_value(__name__)
 
 GPUS = torch.cuda.device_count()
-pytestmark = pytest.mark.skipif(
-    GPUS < 2 or not dist.is_nccl_available(),
-    reason=f"needs 2 CUDA GPUs and NCCL (torch sees {GPUS} GPU(s), "
-           f"NCCL {'available' if dist.is_nccl_available() else 'missing'})")
+pytestmark = needs_gpus(2)
 TIMEOUT = 120
 KB, MB = 1 << 10, 1 << 20
 

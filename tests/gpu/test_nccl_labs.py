@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import ship_by_value
+from conftest import needs_gpus, ship_by_value
 from course_lib import collectives as C
 from course_lib import run
 from course_lib.collectives import p2p
@@ -25,10 +25,7 @@ from course_lib.runtime.backend import builtin_all_gather, builtin_reduce_scatte
 ship_by_value(__name__)
 
 GPUS = torch.cuda.device_count()
-pytestmark = pytest.mark.skipif(
-    GPUS < 2 or not dist.is_nccl_available(),
-    reason=f"needs 2 CUDA GPUs and NCCL (torch sees {GPUS} GPU(s), "
-           f"NCCL {'available' if dist.is_nccl_available() else 'missing'})")
+pytestmark = needs_gpus(2)
 # odd world sizes where the machine has the GPUs for them
 WORLDS = [2, pytest.param(3, marks=pytest.mark.skipif(GPUS < 3, reason=f"3 ranks need 3 GPUs, "
                                                                        f"torch sees {GPUS}"))]

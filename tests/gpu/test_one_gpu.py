@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ship_by_value
+from conftest import needs_gpus, ship_by_value
 from course_lib import run, sync, trace
 from course_lib.runtime.backend import current_device
 from course_lib.runtime.device import record_event, set_thread_device, wait_event
@@ -17,10 +17,7 @@ from course_lib.runtime.device import record_event, set_thread_device, wait_even
 ship_by_value(__name__)
 
 GPUS = torch.cuda.device_count()
-pytestmark = pytest.mark.skipif(
-    GPUS < 1 or not dist.is_nccl_available(),
-    reason=f"needs a CUDA GPU and NCCL (torch sees {GPUS} GPU(s), "
-           f"NCCL {'available' if dist.is_nccl_available() else 'missing'})")
+pytestmark = needs_gpus(1)
 
 
 def one_gpu_job():
