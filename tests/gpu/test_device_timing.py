@@ -24,7 +24,6 @@ from course_lib.trace.metrics import intersect, total, union
 
 ship_by_value(__name__)
 
-GPUS = torch.cuda.device_count()
 pytestmark = needs_gpus(2)
 TIMEOUT = 120
 KB, MB = 1 << 10, 1 << 20

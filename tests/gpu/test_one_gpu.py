@@ -16,7 +16,6 @@ from course_lib.runtime.device import record_event, set_thread_device, wait_even
 
 ship_by_value(__name__)
 
-GPUS = torch.cuda.device_count()
 pytestmark = needs_gpus(1)
 
 
