@@ -1,6 +1,7 @@
 """Shared fixtures: every launcher test must leave no process of any job behind."""
 import os
 import sys
+import time
 import uuid
 
 import cloudpickle
@@ -58,7 +59,13 @@ def nothing_left_at_the_end():
     from course_lib import shutdown
 
     shutdown()
+    # a notebook kernel that nbval just stopped takes its ranks along within a
+    # second or so (they watch its pid): give them that long, not more
+    deadline = time.monotonic() + 20
     left = job_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = job_processes()
     assert not left, f"processes left after shutdown(): {[(p.pid, p.cmdline()) for p in left]}"
 
 
