@@ -64,8 +64,10 @@ class ShardedSampler:
         total = len(self) * self.world
         if self.drop_last:
             order = order[:total]
-        else:  # pad by repeating from the start so that every rank gets as many
-            order += order[: total - len(order)]
+        elif order:  # pad by repeating from the start (as often as it takes, when the
+            # dataset is smaller than the world) so that every rank gets as many
+            missing = total - len(order)
+            order += (order * -(-missing // len(order)))[:missing]
         return iter(order[self.rank:total:self.world])
 
 

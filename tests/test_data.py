@@ -6,7 +6,8 @@ from course_lib.data import ShardedSampler, batches, char_corpus, regression_bat
 
 
 @pytest.mark.parametrize("length,world,drop_last", [(10, 3, False), (10, 3, True), (7, 2, False),
-                                                    (4, 4, False), (2, 3, False)])
+                                                    (4, 4, False), (2, 3, False), (1, 4, False),
+                                                    (2, 5, False), (3, 8, True)])
 def test_sharded_sampler_matches_torch_distributed_sampler(length, world, drop_last):
     for epoch in (0, 3):
         for rank in range(world):
