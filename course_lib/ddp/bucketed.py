@@ -45,12 +45,13 @@ class DDP(_DataParallel):
 
     def _reset(self):
         self._next, self._queued, self._first_hook_ns = 0, False, None
+        self._sync_backward = False  # the next sync needs a forward of its own
         for b in self.buckets:
             b.reset()
 
     def _hook(self, param):
         # The hook receives the parameter (its .grad is already accumulated).
-        if not self.require_sync:
+        if not self._sync_backward:
             return
         if not self._queued:
             self._queued = True

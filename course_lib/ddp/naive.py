@@ -45,23 +45,29 @@ class _DataParallel(nn.Module):
         self.world = dist.get_world_size(process_group)
         self.launch = make_all_reduce(all_reduce, process_group)
         self.params = _trainable(module)
-        self.require_sync = True
+        # As torch: whether a backward synchronises is decided by the forward that
+        # built its graph, so no_sync() must wrap the forward (nanoGPT sets the
+        # attribute directly on the last micro-step instead).
+        self.require_backward_grad_sync = True
+        self._sync_backward = False
         with torch.no_grad():  # every replica starts from the group's rank 0 weights
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor.data, group=process_group, group_src=0)
 
     def forward(self, *args, **kwargs):
+        self._sync_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
         return self.module(*args, **kwargs)
 
     @contextmanager
     def no_sync(self):
-        """Accumulate gradients locally inside the block; the first backward
-        outside it synchronises the accumulated sum."""
-        previous, self.require_sync = self.require_sync, False
+        """Forwards inside the block build graphs whose backward accumulates
+        gradients locally; the first backward of a forward outside it
+        synchronises the accumulated sum."""
+        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
         try:
             yield
         finally:
-            self.require_sync = previous
+            self.require_backward_grad_sync = previous
 
 
 def _trainable(module):
@@ -84,12 +90,12 @@ class NaiveDDP(_DataParallel):
             p.register_post_accumulate_grad_hook(self._hook)
 
     def _hook(self, param):
-        if self.require_sync and not self._queued:
+        if self._sync_backward and not self._queued:
             self._queued = True
             _queue_end_of_backward(self._sync)
 
     def _sync(self):
-        self._queued = False
+        self._queued = self._sync_backward = False
         for p in self.params:
             p.grad = grad_or_zeros(p)
             with trace.span("all_reduce grad", "comm", bytes=p.grad.nbytes):
@@ -101,7 +107,7 @@ class FlatDDP(NaiveDDP):
     """After backward, all gradients in one flat buffer, one all-reduce."""
 
     def _sync(self):
-        self._queued = False
+        self._queued = self._sync_backward = False
         grads = [grad_or_zeros(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         with trace.span("all_reduce flat", "comm", bytes=flat.nbytes):

@@ -173,3 +173,43 @@ def test_ddp_on_a_sub_group_averages_over_that_group_only(kind):
             for name, param in model.named_parameters():
                 torch.testing.assert_close(outs[r][name], param.grad, rtol=1e-5, atol=1e-6)
     assert not torch.equal(outs[0]["0.weight"], outs[1]["0.weight"])
+
+
+def sync_decided_at_forward(kind):
+    """The forward decides, as in torch: a graph built inside no_sync() does not
+    synchronise even if its backward runs outside, and the other way round."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = dist.get_rank()
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))
+    wrap = {"torch": lambda m: DistributedDataParallel(m),
+            "naive": NaiveDDP, "flat": FlatDDP,
+            "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind]
+    grads = []
+    for forward_in_no_sync in (True, False):
+        model = wrap(deep_mlp(width=8, depth=1, inputs=5, outputs=3, seed=1))
+        if forward_in_no_sync:
+            with model.no_sync():
+                loss = model(x).sum()
+            loss.backward()
+        else:
+            loss = model(x).sum()
+            with model.no_sync():
+                loss.backward()
+        grads.append(next(model.parameters()).grad.clone())
+    flag = model.require_backward_grad_sync
+    return grads, flag
+
+
+def test_no_sync_is_decided_at_forward_as_in_torch():
+    outs = {kind: run(sync_decided_at_forward, kind, nproc=2, timeout=120)
+            for kind in ("torch", "naive", "flat", "bucketed")}
+    torch_grads = outs["torch"]
+    local, synced = [g[0][0] for g in torch_grads], [g[0][1] for g in torch_grads]
+    assert not torch.equal(local[0], local[1]) and torch.allclose(synced[0], synced[1])
+    for kind in ("naive", "flat", "bucketed"):
+        for rank in range(2):
+            (ours_local, ours_synced), flag = outs[kind][rank]
+            torch.testing.assert_close(ours_local, local[rank], rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(ours_synced, synced[rank], rtol=1e-5, atol=1e-6)
+            assert flag is True
