@@ -24,8 +24,8 @@ class DDP(_DataParallel):
     one holding the last layers, so that communication can start early."""
 
     def __init__(self, module, bucket_cap_mb=25.0, all_reduce="torch", first_bucket_mb=1.0,
-                 process_group=None):
-        super().__init__(module, all_reduce, process_group)
+                 process_group=None, broadcast_buffers=True):
+        super().__init__(module, all_reduce, process_group, broadcast_buffers)
         sizes = [p.numel() * p.element_size() for p in self.params]
         keys = [(p.dtype, p.device) for p in self.params]
         plan = assign_buckets(sizes, int(bucket_cap_mb * 2**20), keys=keys,
@@ -35,7 +35,7 @@ class DDP(_DataParallel):
         self.launched = []  # bucket indices in the order they were launched (last step)
         self._reset()
         for p in self.params:
-            p.register_post_accumulate_grad_hook(self._hook)
+            self._register(p, self._hook)
 
     @property
     def bucket_plan(self):

@@ -38,10 +38,11 @@ class _DataParallel(nn.Module):
     no_sync. ``process_group`` (torch's name) is the group of replicas: the
     world by default, a mesh's dp group when other dims shard the model."""
 
-    def __init__(self, module, all_reduce="torch", process_group=None):
+    def __init__(self, module, all_reduce="torch", process_group=None, broadcast_buffers=True):
         super().__init__()
         self.module = module
         self.process_group = process_group
+        self.broadcast_buffers = broadcast_buffers
         self.world = dist.get_world_size(process_group)
         self.launch = make_all_reduce(all_reduce, process_group)
         self.params = _trainable(module)
@@ -53,9 +54,29 @@ class _DataParallel(nn.Module):
         with torch.no_grad():  # every replica starts from the group's rank 0 weights
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor.data, group=process_group, group_src=0)
+        # Re-wrapping a module (a notebook cell run twice) must not leave the old
+        # wrapper's hooks on its parameters: each gradient would be reduced twice.
+        for handle in getattr(module, "_data_parallel_hooks", []):
+            handle.remove()
+        module._data_parallel_hooks = self._hook_handles = []
+
+    def _register(self, param, hook):
+        self._hook_handles.append(param.register_post_accumulate_grad_hook(hook))
+
+    def remove_hooks(self):
+        """Take this wrapper's hooks off the module's parameters."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
 
     def forward(self, *args, **kwargs):
         self._sync_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self.broadcast_buffers and self.world > 1:
+            # as torch (broadcast_buffers=True): rank 0's buffers, e.g. BatchNorm's
+            # running statistics, overwrite everyone's before every forward
+            with torch.no_grad():
+                for buffer in self.module.buffers():
+                    dist.broadcast(buffer, group=self.process_group, group_src=0)
         return self.module(*args, **kwargs)
 
     @contextmanager
@@ -83,11 +104,11 @@ def _trainable(module):
 class NaiveDDP(_DataParallel):
     """After backward, one all-reduce per gradient, then divide by K."""
 
-    def __init__(self, module, all_reduce="torch", process_group=None):
-        super().__init__(module, all_reduce, process_group)
+    def __init__(self, module, all_reduce="torch", process_group=None, broadcast_buffers=True):
+        super().__init__(module, all_reduce, process_group, broadcast_buffers)
         self._queued = False
         for p in self.params:
-            p.register_post_accumulate_grad_hook(self._hook)
+            self._register(p, self._hook)
 
     def _hook(self, param):
         if self._sync_backward and not self._queued:

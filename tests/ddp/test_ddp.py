@@ -213,3 +213,55 @@ def test_no_sync_is_decided_at_forward_as_in_torch():
             torch.testing.assert_close(ours_local, local[rank], rtol=1e-6, atol=1e-7)
             torch.testing.assert_close(ours_synced, synced[rank], rtol=1e-5, atol=1e-6)
             assert flag is True
+
+
+def batchnorm_steps(kind):
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+    model = {"torch": lambda m: DistributedDataParallel(m),
+             "naive": NaiveDDP, "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind](net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(10 + rank)
+    for _ in range(3):
+        x = torch.randn(8, 5, generator=gen) * (rank + 1) + rank
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    bn = net[1]
+    return bn.running_mean.clone(), bn.running_var.clone(), net[0].weight.detach().clone()
+
+
+def test_buffers_follow_rank_0_at_every_forward_as_in_torch():
+    reference = run(batchnorm_steps, "torch", nproc=2, timeout=120)
+    assert not torch.allclose(reference[0][0], reference[1][0])  # each rank's last batch differs
+    for kind in ("naive", "bucketed"):
+        for rank, (mean, var, weight) in enumerate(run(batchnorm_steps, kind, nproc=2, timeout=120)):
+            ref_mean, ref_var, ref_weight = reference[rank]
+            torch.testing.assert_close(mean, ref_mean, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(var, ref_var, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(weight, ref_weight, rtol=1e-5, atol=1e-6)
+
+
+def wrapped_twice():
+    rank = dist.get_rank()
+    net = deep_mlp(width=8, depth=1, inputs=5, outputs=3, seed=2)
+    DDP(net, bucket_cap_mb=1e-4)  # a notebook cell run once ...
+    model = DDP(net, bucket_cap_mb=1e-4)  # ... and again
+    hooks = [len(p._post_accumulate_grad_hooks or {}) for p in net.parameters()]
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))
+    model(x).pow(2).mean().backward()
+    return hooks, [p.grad.clone() for p in net.parameters()]
+
+
+def test_wrapping_a_module_again_replaces_the_hooks():
+    outs = run(wrapped_twice, nproc=2, timeout=120)
+    net = deep_mlp(width=8, depth=1, inputs=5, outputs=3, seed=2)
+    x = torch.cat([torch.randn(4, 5, generator=torch.Generator().manual_seed(r)) for r in (0, 1)])
+    net(x).pow(2).mean().backward()
+    for hooks, grads in outs:
+        assert hooks == [1] * len(hooks)
+        for got, param in zip(grads, net.parameters()):
+            torch.testing.assert_close(got, param.grad, rtol=1e-5, atol=1e-6)
