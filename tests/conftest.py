@@ -46,10 +46,22 @@ def stray_processes():
     return strays
 
 
+def settled(find, limit_s):
+    """``find()`` again until it comes back empty or ``limit_s`` has passed: the
+    jobs of a notebook kernel that was just killed take a moment to follow it
+    (their ranks watch its pid)."""
+    deadline = time.monotonic() + limit_s
+    left = find()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = find()
+    return left
+
+
 @pytest.fixture(autouse=True)
 def no_orphans():
     yield
-    left = stray_processes()
+    left = settled(stray_processes, 10)
     assert not left, f"processes left running after the test: {[(p.pid, p.cmdline()) for p in left]}"
 
 
@@ -59,13 +71,7 @@ def nothing_left_at_the_end():
     from course_lib import shutdown
 
     shutdown()
-    # a notebook kernel that nbval just stopped takes its ranks along within a
-    # second or so (they watch its pid): give them that long, not more
-    deadline = time.monotonic() + 20
-    left = job_processes()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = job_processes()
+    left = settled(job_processes, 20)
     assert not left, f"processes left after shutdown(): {[(p.pid, p.cmdline()) for p in left]}"
 
 
