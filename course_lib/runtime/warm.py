@@ -108,6 +108,7 @@ def acquire(nproc, backend, timeout, fresh=False):
             discard(next(iter(_jobs.values())))
         if job is None:
             job = ServingJob(nproc, backend, timeout)
+        job.last_used = time.monotonic()  # in use: an idle timer firing now must not end it
         _jobs[key] = job
         return job
 
