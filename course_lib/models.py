@@ -1,4 +1,4 @@
-"""The models every lab trains: a small decoder-only GPT and a deep MLP.
+"""The models every lab trains: a small decoder-only GPT and deep MLPs.
 
 The GPT's parameter count is exactly the lecture's formula
 
@@ -111,6 +111,28 @@ def deep_mlp(width=256, depth=4, inputs=32, outputs=10, seed=0):
     model = nn.Sequential(*layers, nn.Linear(size, outputs))
     init_deterministic(model, seed)
     return model
+
+
+class UseOrderMLP(nn.Module):
+    """Linear layers registered as ``layers.0 .. layers.{n-1}`` but applied in
+    ``use_order``: the registration order, which DDP buckets by at first, is not
+    the order in which backward makes the gradients ready (Lab 02).
+
+        UseOrderMLP(48, use_order=(0, 1, 3, 2))   # backward readies layer 2 first
+    """
+
+    def __init__(self, width=48, use_order=(0, 1, 3, 2), seed=0):
+        super().__init__()
+        if sorted(use_order) != list(range(len(use_order))):
+            raise ValueError(f"use_order must be a permutation of 0..n-1, got {use_order}")
+        self.use_order = tuple(use_order)
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in use_order)
+        init_deterministic(self, seed)
+
+    def forward(self, x):
+        for i in self.use_order:
+            x = torch.tanh(self.layers[i](x))
+        return x
 
 
 def param_seed(name: str, seed: int) -> int:

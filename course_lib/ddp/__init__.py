@@ -4,9 +4,12 @@
   :class:`FlatDDP` (one all-reduce of everything), both after backward
 - :mod:`~course_lib.ddp.buckets`: the bucket plan (pure data) and the flat buffers
 - :mod:`~course_lib.ddp.bucketed`: :class:`DDP`, buckets all-reduced during backward
+- :mod:`~course_lib.ddp.comm_hooks`: what DDP does with a bucket, as torch's
+  ``register_comm_hook`` (all-reduce, bf16 compression)
 """
+from course_lib.ddp import comm_hooks
 from course_lib.ddp.bucketed import DDP
 from course_lib.ddp.buckets import Bucket, assign_buckets
 from course_lib.ddp.naive import FlatDDP, NaiveDDP
 
-__all__ = ["DDP", "NaiveDDP", "FlatDDP", "Bucket", "assign_buckets"]
+__all__ = ["DDP", "NaiveDDP", "FlatDDP", "Bucket", "assign_buckets", "comm_hooks"]

@@ -17,15 +17,22 @@ import torch.distributed as dist
 from course_lib.handle import Handle
 
 
-def assign_buckets(sizes_bytes, cap_bytes, keys=None, first_cap_bytes=None):
+def assign_buckets(sizes_bytes, cap_bytes, keys=None, first_cap_bytes=None, order=None):
     """Bucket plan: a list of buckets, each a list of parameter indices, in the
-    order the buckets will be all-reduced."""
+    order the buckets will be all-reduced.
+
+    ``order`` is the order in which the gradients are expected to become ready:
+    by default the reverse of registration; after one backward, torch's reducer
+    rebuilds its buckets from the order it observed. Each dtype/device key has
+    its own open bucket, capped at ``first_cap_bytes`` until its first bucket
+    closes and at ``cap_bytes`` after (torch's ``compute_bucket_assignment_by_size``)."""
     if cap_bytes <= 0:
         raise ValueError(f"bucket cap must be positive, got {cap_bytes} bytes")
     keys = keys if keys is not None else [None] * len(sizes_bytes)
+    order = reversed(range(len(sizes_bytes))) if order is None else order
     first_cap = cap_bytes if first_cap_bytes is None else min(first_cap_bytes, cap_bytes)
     plan, open_buckets, closed_any = [], {}, set()
-    for index in reversed(range(len(sizes_bytes))):
+    for index in order:
         key = keys[index]
         bucket = open_buckets.setdefault(key, [[], 0])
         bucket[0].append(index)
@@ -95,9 +102,13 @@ class Bucket:
             if not self.ready[slot]:
                 self.mark_ready(slot, grad_or_zeros(p), world)
 
-    def write_back(self):
-        """Make every .grad the averaged slice of the buffer (a view: no copy)."""
+    def write_back(self, keep=()):
+        """Make every .grad the averaged slice of the buffer (a view: no copy).
+        Parameters whose id is in ``keep`` (no rank used them) keep their ``.grad`` as it
+        was, None included, as torch does with ``find_unused_parameters``."""
         for slot, p in enumerate(self.params):
+            if id(p) in keep:
+                continue
             view = self._view(slot)
             if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                 p.grad = view.view_as(p)

@@ -69,7 +69,11 @@ class _DataParallel(nn.Module):
             handle.remove()
         self._hook_handles.clear()
 
+    def _before_forward(self):
+        """Subclasses drop what an interrupted backward left behind here."""
+
     def forward(self, *args, **kwargs):
+        self._before_forward()
         self._sync_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
         if self.broadcast_buffers and self.world > 1:
             # as torch (broadcast_buffers=True): rank 0's buffers, e.g. BatchNorm's
@@ -110,6 +114,10 @@ class NaiveDDP(_DataParallel):
         for p in self.params:
             self._register(p, self._hook)
 
+    def _before_forward(self):
+        # a backward that raised never reached its end-of-backward callback
+        self._queued = False
+
     def _hook(self, param):
         if self._sync_backward and not self._queued:
             self._queued = True
@@ -125,16 +133,21 @@ class NaiveDDP(_DataParallel):
 
 
 class FlatDDP(NaiveDDP):
-    """After backward, all gradients in one flat buffer, one all-reduce."""
+    """After backward, all gradients in one flat buffer per dtype (and device),
+    one all-reduce each."""
 
     def _sync(self):
         self._queued = self._sync_backward = False
-        grads = [grad_or_zeros(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        with trace.span("all_reduce flat", "comm", bytes=flat.nbytes):
-            self.launch(flat).wait()
-        flat.div_(self.world)
-        offset = 0
-        for p, g in zip(self.params, grads):
-            p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
-            offset += g.numel()
+        groups = {}
+        for p in self.params:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        for params in groups.values():
+            grads = [grad_or_zeros(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            with trace.span("all_reduce flat", "comm", bytes=flat.nbytes):
+                self.launch(flat).wait()
+            flat.div_(self.world)
+            offset = 0
+            for p, g in zip(params, grads):
+                p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
+                offset += g.numel()

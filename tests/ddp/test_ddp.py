@@ -133,12 +133,16 @@ def test_a_gradient_marked_twice_is_a_clear_error():
     assert message and "became ready twice" in message
 
 
-def test_deep_mlp_buckets_follow_reverse_order():
+def test_deep_mlp_buckets_follow_reverse_order_after_the_first_step():
     def plan():
-        model = DDP(deep_mlp(64, 4), bucket_cap_mb=0.01, first_bucket_mb=0.01)
-        return model.bucket_plan, [p.numel() * 4 for p in model.params]
+        model = DDP(deep_mlp(64, 4), bucket_cap_mb=0.01)
+        first = model.bucket_plan
+        model(torch.randn(2, 32)).sum().backward()
+        model(torch.randn(2, 32))  # the forward after the first backward rebuilds
+        return first, model.bucket_plan, [p.numel() * 4 for p in model.params]
 
-    buckets, sizes = run(plan, nproc=2)[0]
+    first, buckets, sizes = run(plan, nproc=2)[0]
+    assert first == [list(reversed(range(len(sizes))))]  # one bucket until the order is known
     assert [i for b in buckets for i in b] == list(reversed(range(len(sizes))))
     assert len(buckets) > 2
 
