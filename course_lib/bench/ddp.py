@@ -96,15 +96,23 @@ def measure(width=1024, depth=8, batch=64, bucket_mb=25.0, steps=5, rounds=3, wa
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def traced_overlap(width=1024, depth=8, batch=64, bucket_mb=25.0):
-    """Overlap fraction of our DDP's bucket all-reduces with its backward, from
-    one traced step (run under the launcher; the launcher records traces)."""
+def _library_ddp(module, bucket_cap_mb):
+    return DDP(module, bucket_cap_mb=bucket_cap_mb)
+
+
+def traced_overlap(width=1024, depth=8, batch=64, bucket_mb=25.0, make_ddp=None):
+    """One traced step of a DDP (``make_ddp(module, bucket_cap_mb)``, ours by
+    default, the student's in Lab 02): forward, backward's gradient computation
+    and each bucket's all-reduce. Returns the number of buckets."""
     device = current_device()
     x, y = _batch(width, batch, device)
-    model = DDP(_net(width, depth, device), bucket_cap_mb=bucket_mb)
+    net = _net(width, depth, device)
+    trace.trace_backward(net)
+    model = (make_ddp or _library_ddp)(net, bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     with trace.paused():
-        _step(model, opt, x, y)
+        for _ in range(2):  # the second step runs on buckets rebuilt in ready order
+            _step(model, opt, x, y)
     dist.barrier()
     with trace.span("forward", "compute"):
         loss = F.mse_loss(model(x), y)
@@ -113,23 +121,71 @@ def traced_overlap(width=1024, depth=8, batch=64, bucket_mb=25.0):
 
 
 @trace.paused()
-def bucket_sweep(bucket_mbs, width=1024, depth=8, batch=64, steps=5, rounds=3):
-    """{bucket_mb: (ours, torch)} seconds per step."""
+def bucket_sweep(bucket_mbs, width=1024, depth=8, batch=64, steps=5, rounds=3, make_ddp=None):
+    """{bucket_mb: (ours, torch)} seconds per step; "ours" is ``make_ddp``'s."""
     device = current_device()
     x, y = _batch(width, batch, device)
     result = {}
     for cap in bucket_mbs:
-        pair = {"ours": DDP(_net(width, depth, device), bucket_cap_mb=cap),
+        pair = {"ours": (make_ddp or _library_ddp)(_net(width, depth, device), cap),
                 "torch": _torch_ddp(_net(width, depth, device), device, cap)}
         opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in pair.items()}
         for k, m in pair.items():
-            _step(m, opts[k], x, y)
+            for _ in range(2):
+                _step(m, opts[k], x, y)
         samples = {k: [] for k in pair}
         for _ in range(rounds):
             for k, m in pair.items():
                 samples[k].append(_time_steps(m, opts[k], x, y, steps, device))
         result[cap] = (statistics.median(samples["ours"]), statistics.median(samples["torch"]))
     return result
+
+
+@trace.paused()
+def overlap_versus_buckets(width=1024, depth=8, batch=64, bucket_mb=4.0, steps=5, rounds=3):
+    """The 2x2 experiment: {after backward, during backward} x {one tensor per
+    all-reduce, buckets of ``bucket_mb``}, all our DDP, alternating in one job.
+    Returns {(when, grouping): seconds per step}, plus ("compute only", "")."""
+    device = current_device()
+    x, y = _batch(width, batch, device)
+    one_tensor = 2**-20  # one byte: every tensor closes its own bucket
+    models = {("compute only", ""): _Plain(_net(width, depth, device))}
+    for when, overlap in (("after backward", False), ("during backward", True)):
+        for grouping, cap in (("one tensor", one_tensor), ("buckets", bucket_mb)):
+            models[(when, grouping)] = DDP(_net(width, depth, device), bucket_cap_mb=cap,
+                                           overlap=overlap)
+    opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
+    for k, m in models.items():
+        for _ in range(2):
+            _step(m, opts[k], x, y)
+    samples = {k: [] for k in models}
+    for _ in range(rounds):
+        for k, m in models.items():
+            samples[k].append(_time_steps(m, opts[k], x, y, steps, device))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def profiled_step(path, width=1024, depth=8, batch=64, bucket_mb=4.0):
+    """One DDP step under ``torch.profiler`` (after two warm-up steps); rank 0
+    writes the profiler's Chrome trace to ``path`` and returns its table of the
+    most expensive operators, other ranks return None."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = current_device()
+    x, y = _batch(width, batch, device)
+    model = DDP(_net(width, depth, device), bucket_cap_mb=bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        _step(model, opt, x, y)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _step(model, opt, x, y)
+        sync(device)
+    if dist.get_rank() != 0:
+        return None
+    prof.export_chrome_trace(path)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort, row_limit=8)
 
 
 def format_tables(times, sweep, overlap, nproc, bucket_mb):

@@ -6,6 +6,8 @@
 - :mod:`~course_lib.ddp.bucketed`: :class:`DDP`, buckets all-reduced during backward
 - :mod:`~course_lib.ddp.comm_hooks`: what DDP does with a bucket, as torch's
   ``register_comm_hook`` (all-reduce, bf16 compression)
+- :mod:`~course_lib.ddp.traffic`: bytes per step, DataParallel's GPU 0 against a DDP rank
+- :mod:`~course_lib.ddp.frameworks`: the same run under PyTorch Lightning and ours
 """
 from course_lib.ddp import comm_hooks
 from course_lib.ddp.bucketed import DDP

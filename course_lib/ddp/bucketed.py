@@ -24,7 +24,7 @@ import torch.distributed as dist
 from course_lib import trace
 from course_lib.ddp.buckets import Bucket, assign_buckets
 from course_lib.ddp.comm_hooks import GradBucket, hook_result
-from course_lib.ddp.naive import _DataParallel, _now_ns, _queue_end_of_backward
+from course_lib.ddp.naive import _DataParallel, _queue_end_of_backward
 from course_lib.handle import Handle
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -40,15 +40,23 @@ class DDP(_DataParallel):
     overrides the first cap. With ``find_unused_parameters=True`` a parameter no
     rank used keeps its ``.grad`` (None stays None, so AdamW does not decay it),
     at the price of one more small all-reduce per step; buckets are then never
-    rebuilt, as in torch (the graph may change from step to step)."""
+    rebuilt, as in torch (the graph may change from step to step).
+
+    ``overlap=False`` (not in torch) holds every bucket until backward has
+    finished: Lab 02's experiment separating overlap from fewer messages."""
 
     def __init__(self, module, bucket_cap_mb=None, all_reduce="torch", process_group=None,
-                 broadcast_buffers=True, find_unused_parameters=False, first_bucket_mb=None):
+                 broadcast_buffers=True, find_unused_parameters=False, first_bucket_mb=None,
+                 overlap=True):
         super().__init__(module, all_reduce, process_group, broadcast_buffers)
+        self.overlap = overlap
         cap_mb = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         if first_bucket_mb is None:
             first_bucket_mb = FIRST_BUCKET_MB if bucket_cap_mb is None else cap_mb
         self.cap_bytes, self.first_cap_bytes = int(cap_mb * 2**20), int(first_bucket_mb * 2**20)
+        if self.cap_bytes <= 0 or self.first_cap_bytes <= 0:
+            raise ValueError(f"bucket caps must be at least one byte, got bucket_cap_mb="
+                             f"{bucket_cap_mb} and first_bucket_mb={first_bucket_mb}")
         self.find_unused_parameters = find_unused_parameters
         self._sizes = [p.numel() * p.element_size() for p in self.params]
         self._keys = [(p.dtype, p.device) for p in self.params]
@@ -91,7 +99,7 @@ class DDP(_DataParallel):
         self._comm_hook = (state, hook)
 
     def _reset(self):
-        self._next, self._queued, self._first_hook_ns = 0, False, None
+        self._next, self._queued = 0, False
         self._used = [False] * len(self.params)
         for b in self.buckets:
             b.reset()
@@ -131,7 +139,6 @@ class DDP(_DataParallel):
         if not self._queued:
             self._queued = True
             self.launched = []
-            self._first_hook_ns = _now_ns()
             _queue_end_of_backward(self._finish)
         index = self._index[id(param)]
         self._used[index] = True
@@ -139,7 +146,8 @@ class DDP(_DataParallel):
             self.ready_order.append(index)
         bucket, slot = self._locate[id(param)]
         bucket.mark_ready(slot, param.grad, self._divisor)
-        self._launch_ready()
+        if self.overlap:
+            self._launch_ready()
 
     def _launch(self, bucket):
         if self._comm_hook is None:
@@ -166,9 +174,6 @@ class DDP(_DataParallel):
 
     def _finish(self):
         """End of backward: finish the buckets, copy the averages back."""
-        tracer = trace.get_tracer()
-        if tracer is not None:  # gradient computation: first hook to end of backward
-            tracer.record("backward", "compute", self._first_hook_ns, _now_ns())
         for bucket in self.buckets[self._next:]:
             bucket.fill_missing(self._divisor)  # unused parameters: same collectives
         self._launch_ready()

@@ -23,11 +23,6 @@ from course_lib import trace
 from course_lib.ddp.buckets import grad_or_zeros, make_all_reduce
 
 
-def _now_ns():
-    """A stamp for a span recorded by hand (device time on a GPU rank)."""
-    return trace.get_tracer().stamp() if trace.get_tracer() else 0
-
-
 def _queue_end_of_backward(callback):
     """Run ``callback`` once the current backward pass has finished."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)

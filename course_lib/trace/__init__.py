@@ -7,8 +7,8 @@
 """
 from course_lib.trace.metrics import busy_fraction, busy_table, overlap_fraction
 from course_lib.trace.spans import (CATEGORIES, Span, Tracer, async_span, finish, get_tracer,
-                                    paused, span, start)
+                                    paused, span, start, trace_backward)
 from course_lib.trace.timeline import Trace, lanes_of
 
 __all__ = ["CATEGORIES", "Span", "Tracer", "Trace", "span", "async_span", "start", "finish",
-           "get_tracer", "paused", "lanes_of", "busy_fraction", "busy_table", "overlap_fraction"]
+           "get_tracer", "paused", "trace_backward", "lanes_of", "busy_fraction", "busy_table", "overlap_fraction"]

@@ -279,3 +279,35 @@ def async_span(name, cat, work, **meta):
     """Module-level :meth:`Tracer.async_span`. Recording or not, the result is a
     :class:`~course_lib.handle.Handle` (a traced run has the same shape)."""
     return _current.async_span(name, cat, work, **meta) if _current else _as_handle(work)
+
+
+def trace_backward(module, name="backward"):
+    """Record a ``compute`` span per backward pass of ``module``: from its first
+    gradient hook to the end of gradient computation, before anything queued
+    later at the end of backward runs (a DDP's final waits). Call it *before*
+    wrapping the module in a DDP, so that these hooks run first::
+
+        trace_backward(net)
+        model = DDP(net)
+
+    Returns the hook handles (``handle.remove()`` stops it). Records nothing,
+    and costs one hook call per parameter, when no tracer records."""
+    import torch
+
+    state = {"start": None}
+
+    def end():
+        tracer = get_tracer()
+        if tracer is not None and state["start"] is not None:
+            tracer.record(name, "compute", state["start"], tracer.stamp())
+        state["start"] = None
+
+    def first_hook(_param):
+        tracer = get_tracer()
+        if tracer is None or state["start"] is not None:
+            return
+        state["start"] = tracer.stamp()
+        torch.autograd.Variable._execution_engine.queue_callback(end)
+
+    return [p.register_post_accumulate_grad_hook(first_hook)
+            for p in module.parameters() if p.requires_grad]
