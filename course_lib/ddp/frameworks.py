@@ -11,6 +11,8 @@ so their losses agree to float precision, step by step::
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,11 +35,17 @@ def _mean_over_ranks(values):
     return (losses / dist.get_world_size()).tolist()
 
 
-def our_losses(steps=5, accelerator="cpu"):
+def _accelerator():
+    """Lightning's name for where this rank computes: NCCL ranks own a GPU each."""
+    return "gpu" if dist.get_backend() == "nccl" else "cpu"
+
+
+def our_losses(steps=5):
     """Per-step training loss (mean over ranks) of our DDP, SGD on a deep MLP."""
     from course_lib.ddp.bucketed import DDP
 
-    device = torch.device("cuda", torch.cuda.current_device()) if accelerator == "gpu" else "cpu"
+    on_gpu = _accelerator() == "gpu"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     model = DDP(deep_mlp(32, 2, seed=0).to(device))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     x, y = (t.to(device) for t in _shard())
@@ -51,7 +59,7 @@ def our_losses(steps=5, accelerator="cpu"):
     return _mean_over_ranks(losses)
 
 
-def lightning_losses(steps=5, accelerator="cpu"):
+def lightning_losses(steps=5):
     """The same run as :func:`our_losses` with ``Trainer(strategy="ddp")``."""
     try:
         import pytorch_lightning as pl
@@ -77,8 +85,10 @@ def lightning_losses(steps=5, accelerator="cpu"):
     module = Regression()
     # one batch per step, this rank's shard: Lightning's own DistributedSampler off
     loader = DataLoader(TensorDataset(*_shard()), batch_size=PER_RANK)
-    trainer = pl.Trainer(strategy="ddp", accelerator=accelerator, devices=dist.get_world_size(),
-                         max_steps=steps, use_distributed_sampler=False, logger=False,
+    # devices per node and nodes, as torchrun started them
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    trainer = pl.Trainer(strategy="ddp", accelerator=_accelerator(), devices=per_node,
+                         num_nodes=dist.get_world_size() // per_node, max_steps=steps, use_distributed_sampler=False, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(module, loader)
