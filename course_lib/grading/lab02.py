@@ -8,7 +8,6 @@ else, so that a factor (the sum instead of the average) is named as a factor.
 """
 from __future__ import annotations
 
-import contextlib
 import random
 
 import torch
