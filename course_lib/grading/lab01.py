@@ -14,7 +14,6 @@ chunk off by one, a rank left out) and the hint says which one it looks like.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from itertools import combinations
 
 import torch
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from course_lib import comm
 from course_lib.collectives.reduce_ops import combine
 from course_lib.grading import checks
+from course_lib.grading.message_order import message_order, received_before_each_send
 from course_lib.runtime.backend import builtin_all_gather, builtin_reduce_scatter
 
 SUM, MAX = dist.ReduceOp.SUM, dist.ReduceOp.MAX
@@ -376,81 +376,6 @@ def check_ring_all_gather(fn, world_sizes=(1, 2, 3), sizes=(1, 7, 250)):
 
 
 # ---- pipelined broadcast: Exercise 1.5 -----------------------------------------------------
-class _Watched:
-    """A handle of receives: records them as received once the caller has seen
-    them complete (``wait()`` returned, or ``is_completed()`` said so)."""
-
-    def __init__(self, handle, count, events):
-        self._handle, self._count, self._events, self._seen = handle, count, events, False
-
-    def _mark(self):
-        if not self._seen:
-            self._seen = True
-            self._events.extend(["recv"] * self._count)
-
-    def wait(self, *args, **kwargs):
-        out = self._handle.wait(*args, **kwargs)
-        self._mark()
-        return out
-
-    def is_completed(self):
-        done = self._handle.is_completed()
-        if done:
-            self._mark()
-        return done
-
-    def __getattr__(self, name):  # get_future and the rest: not watched
-        return getattr(self._handle, name)
-
-
-@contextmanager
-def message_order():
-    """On this rank, record the order in which the code inside posted its sends and
-    saw its receives complete: a list of "send" and "recv", one per message.
-    Covers every entry point of :mod:`course_lib.comm`; put back on exit."""
-    events = []
-    saved = {name: getattr(comm, name) for name in ("_count_send", "recv", "irecv",
-                                                    "exchange_async")}
-
-    def count_send(tensor, peer):
-        events.append("send")
-        saved["_count_send"](tensor, peer)
-
-    def recv(*args, **kwargs):
-        out = saved["recv"](*args, **kwargs)
-        events.append("recv")
-        return out
-
-    def irecv(*args, **kwargs):
-        return _Watched(saved["irecv"](*args, **kwargs), 1, events)
-
-    def exchange_async(sends=(), recvs=(), *args, **kwargs):
-        sends, recvs = list(sends), list(recvs)
-        handle = saved["exchange_async"](sends, recvs, *args, **kwargs)
-        return _Watched(handle, len(recvs), events) if recvs else handle
-
-    patched = {"_count_send": count_send, "recv": recv, "irecv": irecv,
-               "exchange_async": exchange_async}
-    try:
-        for name, fn in patched.items():
-            setattr(comm, name, fn)
-        yield events
-    finally:
-        for name, fn in saved.items():
-            setattr(comm, name, fn)
-
-
-def received_before_each_send(events):
-    """[number of receives seen complete before send k was posted, for each send k]."""
-    counts, received = [], 0
-    for event in events:
-        if event == "recv":
-            received += 1
-        else:
-            counts.append(received)
-    return counts
-
-
 def _broadcast_job(fn, cases):
     rank = dist.get_rank()
     out = []

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from conftest import ship_by_value
 from course_lib import comm
-from course_lib.grading import checks, lab01
+from course_lib.grading import checks, lab01, message_order
 from course_lib import collectives as C
 
 ship_by_value(__name__)
@@ -325,6 +325,6 @@ def test_unsegmented_broadcast_is_caught_by_its_message_count():
 
 
 def test_message_order_records_posted_sends_and_seen_receives():
-    assert lab01.received_before_each_send(["recv", "send", "recv", "send"]) == [1, 2]
-    assert lab01.received_before_each_send(["recv", "recv", "send", "send"]) == [2, 2]
-    assert lab01.received_before_each_send(["send", "send"]) == [0, 0]
+    assert message_order.received_before_each_send(["recv", "send", "recv", "send"]) == [1, 2]
+    assert message_order.received_before_each_send(["recv", "recv", "send", "send"]) == [2, 2]
+    assert message_order.received_before_each_send(["send", "send"]) == [0, 0]
