@@ -12,41 +12,135 @@ looks for) or raises with something a student can act on::
     checks.passed("Exercise 0.2", "world sizes 2 and 3")
 
 A stub that still raises ``NotImplementedError`` surfaces as NotImplementedError
-naming the exercise; a hang as :class:`CheckFailed` with every rank's stack.
+naming the exercise; a hang as :class:`CheckFailed` that says what kind of hang
+it is (ranks in different collectives, a rank missing from a collective, sends
+and receives that do not pair up...), naming each rank and the call it waits
+in, with every rank's stack trimmed to the student's code (the untrimmed dumps
+are the exception's ``.stacks``).
+
+The kernel remembers how each exercise's last check ended: a measurement cell
+that runs the student's code asks :func:`ready` first, and skips (saying so)
+instead of hanging on code whose check failed::
+
+    if checks.ready("Exercise 2.3"):
+        sweep = measure(my_ddp)
 """
 from __future__ import annotations
 
+import re
+import threading
+
 import torch
 
+from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.launcher import LaunchError, LaunchTimeout, run
 
 PASS_MARK = "✓"
 
+# ---- which exercises passed their check in this process ------------------------------------
+# exercise -> "passed", "failed" or "checking" (a check started and has not passed: it
+# raised something other than CheckFailed, or was interrupted; cells run one at a time).
+_outcomes: dict = {}
+_outcomes_lock = threading.Lock()
+_EXERCISE = re.compile(r"^\s*(?:exercise\s+)?(\d+(?:\.\d+)*)\s*$", re.IGNORECASE)
+_EXERCISE_IN_MESSAGE = re.compile(r"^\s*(Exercise \d+(?:\.\d+)*)\b")
+
+
+def _key(exercise):
+    """"Exercise 2.3" for "Exercise 2.3", "exercise 2.3" and "2.3"."""
+    found = _EXERCISE.match(str(exercise))
+    return f"Exercise {found.group(1)}" if found else str(exercise).strip()
+
+
+def _record(exercise, outcome):
+    if exercise:
+        with _outcomes_lock:
+            _outcomes[_key(exercise)] = outcome
+
+
+def outcome(exercise):
+    """How the last check of ``exercise`` in this process ended: ``"passed"``,
+    ``"failed"``, ``"checking"`` (started, never passed: it raised or was
+    interrupted) or None (never checked)."""
+    with _outcomes_lock:
+        return _outcomes.get(_key(exercise))
+
+
+def ready(exercise):
+    """May a measurement cell run the student's code for ``exercise``? True when its
+    last check in this kernel passed, or when it was never checked here (silently);
+    False, after printing one line saying so, when that check failed."""
+    state = outcome(exercise)
+    if state in (None, "passed"):
+        return True
+    print(f"{_key(exercise)} did not pass its check in this kernel: skipping this "
+          f"measurement; fix it and run its check cell again")
+    return False
+
 
 class CheckFailed(AssertionError):
-    """The student's code ran but gave a wrong answer (or hung, or crashed)."""
+    """The student's code ran but gave a wrong answer (or hung, or crashed).
+    ``.exercise`` is the exercise it is about (given, or read from the message's
+    leading "Exercise N.M"); creating one records a failure of that exercise.
+    After a hang, ``.stacks`` holds every rank's untrimmed stack dump and
+    ``.diagnosis`` the :class:`~course_lib.runtime.hangs.HangDiagnosis`."""
+
+    stacks = None
+    diagnosis = None
+
+    def __init__(self, message="", *args, exercise=None):
+        super().__init__(message, *args)
+        found = _EXERCISE_IN_MESSAGE.match(str(message))
+        self.exercise = _key(exercise) if exercise else (found.group(1) if found else None)
+        _record(self.exercise, "failed")
+
+
+_GLOO_ABORT = re.compile(r"what\(\):\s*(?:\[enforce fail at [^\]]*\]\s*)?(?P<what>.+)")
 
 
 def launch(exercise, fn, *args, nproc, timeout=60.0, backend="gloo", **kwargs):
-    """``run(fn, ...)`` with failures translated into messages about ``exercise``.
-    Checks grade on CPU ranks (gloo) by default: world sizes like 3 need no GPUs,
-    and a grade does not depend on the machine."""
+    """``run(fn, ...)`` with failures translated into messages about ``exercise``
+    (and recorded for :func:`ready`). Checks grade on CPU ranks (gloo) by default:
+    world sizes like 3 need no GPUs, and a grade does not depend on the machine."""
+    _record(exercise, "checking")
     try:
         return run(fn, *args, nproc=nproc, timeout=timeout, backend=backend, **kwargs)
     except LaunchTimeout as exc:
-        raise CheckFailed(
-            f"{exercise}: with world size {nproc} your code did not finish in {timeout:g}s. "
-            f"Hint: look for a send or recv that no other rank matches (each send needs "
-            f"the peer's recv, and two ranks that both wait to receive first deadlock).\n\n"
-            f"{exc}") from None
+        diagnosis = getattr(exc, "diagnosis", None) or diagnose_hang(exc.stacks, nproc)
+        error = CheckFailed(
+            f"{exercise}: with world size {nproc} your code did not finish in {timeout:g}s "
+            f"and was stopped.\n{diagnosis.explain()}", exercise=exercise)
+        error.stacks, error.diagnosis = exc.stacks, diagnosis
+        raise error from None
     except LaunchError as exc:
         if exc.exc_type == "NotImplementedError":
+            _record(exercise, "failed")
             raise NotImplementedError(
                 f"{exercise} is not implemented yet: replace the `raise NotImplementedError` "
                 f"in its code cell with your solution, run that cell, then this one.") from None
-        rank = exc.errors[0]["rank"] if exc.errors else "?"
+        if not exc.errors:
+            raise CheckFailed(_ended_without_error(exercise, nproc, exc),
+                              exercise=exercise) from None
+        rank = exc.errors[0]["rank"]
         raise CheckFailed(f"{exercise}: your code raised on rank {rank} "
-                          f"(world size {nproc}).\n\n{exc}") from None
+                          f"(world size {nproc}).\n\n{exc}", exercise=exercise) from None
+
+
+def _ended_without_error(exercise, nproc, exc):
+    """The message for a job that ended with no rank reporting a Python error: a rank
+    the backend aborted (gloo does, on a message of the wrong size), or one that
+    ended its own process."""
+    found = _GLOO_ABORT.search(exc.log or "")
+    if found:
+        return (f"{exercise}: with world size {nproc} the gloo backend aborted a rank of your "
+                f"job: {found['what'].strip()}\nHint: the ranks disagree on the size of a "
+                f"message: a collective called with tensors of different sizes or dtypes on "
+                f"different ranks, different collectives on different ranks, or a recv into "
+                f"a tensor of another size than its send's. Every rank must pass tensors of "
+                f"the same shape and dtype to a collective, in the same order.\n\n{exc}")
+    return (f"{exercise}: with world size {nproc} a rank of your job ended without a Python "
+            f"error (did your code call sys.exit() or os._exit(), or was the process "
+            f"killed?).\n\n{exc}")
 
 
 def _describe(tensor, limit=8):
@@ -65,12 +159,14 @@ def expect_close(exercise, got, expected, *, rank, world_size, what="result", hi
     where = f"{exercise}: rank {rank} of world size {world_size}, {what}"
     hint = f"\nHint: {hint}" if hint else ""
     if not isinstance(got, torch.Tensor):
-        raise CheckFailed(f"{where}: expected a tensor, got {type(got).__name__} ({got!r}).{hint}")
+        raise CheckFailed(f"{where}: expected a tensor, got {type(got).__name__} ({got!r}).{hint}",
+                          exercise=exercise)
     if got.shape != expected.shape:
         raise CheckFailed(f"{where}: expected shape {tuple(expected.shape)}, "
-                          f"got {tuple(got.shape)}.{hint}")
+                          f"got {tuple(got.shape)}.{hint}", exercise=exercise)
     if got.dtype != expected.dtype:
-        raise CheckFailed(f"{where}: expected dtype {expected.dtype}, got {got.dtype}.{hint}")
+        raise CheckFailed(f"{where}: expected dtype {expected.dtype}, got {got.dtype}.{hint}",
+                          exercise=exercise)
     try:
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
     except AssertionError as exc:
@@ -80,7 +176,7 @@ def expect_close(exercise, got, expected, *, rank, world_size, what="result", hi
             f"{where}: wrong values.\n  expected {_describe(expected)}\n  got      {_describe(got)}"
             f"\n  first difference at flat index {first}: expected "
             f"{expected.flatten()[first].item()!r}, got {got.flatten()[first].item()!r}"
-            f"\n  ({str(exc).splitlines()[0]}){hint}") from None
+            f"\n  ({str(exc).splitlines()[0]}){hint}", exercise=exercise) from None
 
 
 def expect_equal(exercise, got, expected, *, rank, world_size, what="value", hint=""):
@@ -88,9 +184,10 @@ def expect_equal(exercise, got, expected, *, rank, world_size, what="value", hin
     if got != expected:
         hint = f"\nHint: {hint}" if hint else ""
         raise CheckFailed(f"{exercise}: rank {rank} of world size {world_size}, {what}: "
-                          f"expected {expected!r}, got {got!r}.{hint}")
+                          f"expected {expected!r}, got {got!r}.{hint}", exercise=exercise)
 
 
 def passed(exercise, detail=""):
-    """Announce a pass; the gradebook reads this line."""
+    """Announce a pass (the gradebook reads this line) and record it for :func:`ready`."""
+    _record(exercise, "passed")
     print(f"{PASS_MARK} {exercise} passed" + (f" ({detail})" if detail else ""))

@@ -2,6 +2,8 @@
 
 - :mod:`~course_lib.runtime.launcher`: ``run``, ``run_cell``, ``run_script``, ``shutdown`` (the notebook side)
 - :mod:`~course_lib.runtime.job`: one torchrun process, its output and its stacks
+- :mod:`~course_lib.runtime.stacks`: a hung rank's stack, trimmed to the student's code
+- :mod:`~course_lib.runtime.hangs`: what kind of hang all ranks' stacks show, with a hint
 - :mod:`~course_lib.runtime.warm`: the warm job a kernel keeps between calls
 - :mod:`~course_lib.runtime.isolation`: what a warm rank resets between calls
 - :mod:`~course_lib.runtime.worker`: what torchrun starts on each rank

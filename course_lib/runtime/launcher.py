@@ -30,6 +30,7 @@ import cloudpickle
 
 from course_lib.runtime import warm
 from course_lib.runtime.backend import resolve_backend
+from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.job import Job
 
 __all__ = ["run", "run_script", "run_cell", "shutdown", "Results", "LaunchError",
@@ -222,30 +223,15 @@ def _errors(job, nproc):
 
 
 def _timeout_error(timeout, nproc, stacks, log):
-    parts = [f"the job did not finish within timeout={timeout:g}s and was stopped. "
-             "A common cause is a deadlock: a send or recv (or a collective) that no "
-             "other rank matches. Stack of every rank still running:"]
-    for rank in sorted(stacks):
-        parts.append(f"\n--- rank {rank} ---\n{_trim_stack(stacks[rank])}")
-    missing = [r for r in range(nproc) if r not in stacks]
-    if missing:
-        parts.append(f"\n(no stack from ranks {missing}: they had exited or were not started)")
-    return LaunchTimeout("".join(parts), ranks=sorted(stacks), stacks=stacks, log="".join(log))
-
-
-def _trim_stack(text):
-    """faulthandler's dump without idle helper threads and launcher frames."""
-    blocks, keep = text.strip().split("\n\n"), []
-    for block in blocks:
-        lines = block.splitlines()
-        frames = [ln for ln in lines[1:] if ln.strip().startswith("File")]
-        if frames and all(any(idle in ln for idle in ("threading.py", "runtime/worker.py",
-                                                      "concurrent/futures/thread.py"))
-                          for ln in frames):
-            continue  # a helper thread waiting, nothing of the student's
-        keep.append("\n".join(ln for ln in lines if "runtime/worker.py" not in ln
-                              and "<frozen runpy>" not in ln))
-    return "\n\n".join(keep)
+    """A :class:`LaunchTimeout` whose message says where each rank was, trimmed to
+    the student's code, and what kind of hang that is (:func:`diagnose_hang`).
+    The untrimmed dumps stay in ``.stacks``, the analysis is ``.diagnosis``."""
+    diagnosis = diagnose_hang(stacks, nproc)
+    message = (f"the job did not finish within timeout={timeout:g}s and was stopped.\n"
+               f"{diagnosis.explain()}")
+    error = LaunchTimeout(message, ranks=sorted(stacks), stacks=stacks, log="".join(log))
+    error.diagnosis = diagnosis
+    return error
 
 
 def _failure(errors, log, reason=None):

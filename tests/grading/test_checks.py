@@ -4,9 +4,19 @@ import torch
 import torch.distributed as dist
 
 from conftest import ship_by_value
+from course_lib import run
 from course_lib.grading import checks
+from course_lib.runtime.launcher import LaunchError, LaunchTimeout
 
 ship_by_value(__name__)
+
+
+@pytest.fixture(autouse=True)
+def fresh_outcomes():
+    """Every test starts from a kernel in which no exercise was checked."""
+    checks._outcomes.clear()
+    yield
+    checks._outcomes.clear()
 
 
 def test_expect_close_names_rank_tensor_and_first_difference():
@@ -53,9 +63,145 @@ def crash():
 def test_launch_translates_stub_hang_and_crash():
     with pytest.raises(NotImplementedError, match="Exercise 9.9 is not implemented yet"):
         checks.launch("Exercise 9.9", stub, nproc=2)
+    assert checks.outcome("Exercise 9.9") == "failed"
     with pytest.raises(checks.CheckFailed, match="did not finish in 5s") as info:
         checks.launch("Exercise 9.9", hang, nproc=2, timeout=5)
-    assert "Hint: look for a send or recv" in str(info.value) and "in hang" in str(info.value)
+    msg = str(info.value)
+    assert "Hint: ranks 0 and 1 both wait in recv() and no rank is sending. Look for a send " \
+           "or recv that no other rank matches" in msg
+    assert ", in hang" in msg and "runtime/worker.py" not in msg
+    assert info.value.diagnosis.kind == "p2p"
+    assert "runtime/worker.py" in info.value.stacks[0]  # untrimmed, for instructors
     with pytest.raises(checks.CheckFailed, match="raised on rank 1 .world size 2.") as info:
         checks.launch("Exercise 9.9", crash, nproc=2)
     assert "ZeroDivisionError" in str(info.value)
+
+
+def mismatched_collectives():
+    x = torch.ones(1000)
+    if dist.get_rank() == 0:
+        dist.all_reduce(x)
+    else:
+        dist.broadcast(x, src=0)
+
+
+def returns_early_on_rank_one():
+    if dist.get_rank() == 1:
+        return
+    dist.barrier()
+
+
+@pytest.mark.parametrize("fn,kind,hint", [
+    (mismatched_collectives, "mismatched-collectives",
+     "Hint: the ranks are stuck in different collectives: rank 0 in all_reduce(), rank 1 in "
+     "broadcast()."),
+    (returns_early_on_rank_one, "missing-from-collective",
+     "Hint: rank 0 waits in barrier(), which rank 1 never joined (rank 1 had already returned "
+     "from your function)."),
+])
+def test_a_hang_in_a_collective_is_told_from_an_unmatched_send_or_recv(fn, kind, hint):
+    run(int, nproc=2)  # start the job first: the short timeout is for the hang alone
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.launch("Exercise 9.8", fn, nproc=2, timeout=5)
+    msg = str(info.value)
+    assert msg.startswith("Exercise 9.8: with world size 2 your code did not finish in 5s")
+    assert info.value.diagnosis.kind == kind
+    assert hint in msg
+    assert "send or recv" not in msg
+    assert f", in {fn.__name__}" in msg  # the student's frame, and not the launcher's
+    assert "worker.py" not in msg and "threading.py" not in msg
+    assert checks.outcome("Exercise 9.8") == "failed"
+
+
+def collective_of_another_size():
+    dist.all_reduce(torch.ones(10 + dist.get_rank()))
+
+
+def test_a_collective_the_backend_aborts_is_explained():
+    """gloo does not hang on a size mismatch: it aborts the rank (no Python error)."""
+    run(int, nproc=2)
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.launch("Exercise 9.7", collective_of_another_size, nproc=2, timeout=30)
+    msg = str(info.value)
+    assert msg.startswith("Exercise 9.7: with world size 2 the gloo backend aborted a rank of "
+                          "your job: ")
+    assert "Received data size doesn't match expected size" in msg
+    assert "Hint: the ranks disagree on the size of a message" in msg
+    assert checks.outcome("Exercise 9.7") == "failed"
+
+
+# ---- which exercises passed, for the measurement cells -----------------------------------
+def test_ready_is_silent_for_an_exercise_never_checked_or_passed(capsys):
+    assert checks.ready("Exercise 2.3") is True
+    assert capsys.readouterr().out == ""
+    checks.passed("Exercise 2.3", "all good")
+    capsys.readouterr()
+    assert checks.ready("Exercise 2.3") is True and checks.ready("2.3") is True
+    assert capsys.readouterr().out == ""
+
+
+SKIP_LINE = ("Exercise 2.3 did not pass its check in this kernel: skipping this measurement; "
+             "fix it and run its check cell again\n")
+
+
+@pytest.mark.parametrize("fail", [
+    lambda: checks.expect_close("Exercise 2.3", torch.ones(2), torch.zeros(2), rank=0,
+                                world_size=2),
+    lambda: checks.expect_close("Exercise 2.3", [1.0], torch.zeros(1), rank=0, world_size=2),
+    lambda: checks.expect_equal("Exercise 2.3", 3, 4, rank=1, world_size=2),
+    lambda: (_ for _ in ()).throw(checks.CheckFailed("Exercise 2.3: buckets launched late")),
+], ids=["expect_close", "expect_close-type", "expect_equal", "raised-by-a-lab"])
+def test_a_failed_check_makes_the_measurement_skip_until_it_passes(fail, capsys):
+    checks.passed("Exercise 2.3")
+    with pytest.raises(checks.CheckFailed):
+        fail()
+    capsys.readouterr()
+    assert checks.ready("Exercise 2.3") is False
+    assert capsys.readouterr().out == SKIP_LINE
+    assert checks.ready("Exercise 2.2") is True  # only that exercise
+    checks.passed("Exercise 2.3")  # fixed, and its check run again
+    capsys.readouterr()
+    assert checks.ready("Exercise 2.3") is True
+    assert capsys.readouterr().out == ""
+
+
+def fake_run(outcome):
+    def run(fn, *args, nproc, **kwargs):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+    return run
+
+
+def test_launch_records_stubs_timeouts_and_checks_that_never_finished(monkeypatch, capsys):
+    stub_error = LaunchError("rank 0 failed", ranks=[0], errors=[
+        {"rank": 0, "type": "NotImplementedError", "message": "", "traceback": "", "time": 0}])
+    monkeypatch.setattr(checks, "run", fake_run(stub_error))
+    with pytest.raises(NotImplementedError):
+        checks.launch("Exercise 1.4", print, nproc=2)
+    assert checks.outcome("1.4") == "failed" and not checks.ready("Exercise 1.4")
+
+    monkeypatch.setattr(checks, "run", fake_run(LaunchTimeout("stopped", stacks={})))
+    with pytest.raises(checks.CheckFailed,
+                       match="(?s)did not finish in 60s.*Hint: no rank answered with its stack"):
+        checks.launch("Exercise 1.5", print, nproc=2)
+    assert checks.outcome("Exercise 1.5") == "failed"
+
+    # the ranks ran, then the check itself raised something else (the student's function
+    # returned None where the grader unpacks a pair): the check did not pass
+    monkeypatch.setattr(checks, "run", fake_run([None, None]))
+    assert checks.launch("Exercise 1.6", print, nproc=2) == [None, None]
+    assert checks.outcome("Exercise 1.6") == "checking"
+    capsys.readouterr()
+    assert checks.ready("Exercise 1.6") is False
+    assert capsys.readouterr().out.startswith("Exercise 1.6 did not pass its check")
+    checks.passed("Exercise 1.6")
+    assert checks.ready("Exercise 1.6") is True
+
+
+def test_check_failed_knows_its_exercise():
+    assert checks.CheckFailed("Exercise 3.1: wrong").exercise == "Exercise 3.1"
+    assert checks.CheckFailed("wrong", exercise="3.2").exercise == "Exercise 3.2"
+    assert checks.CheckFailed("no exercise named here").exercise is None
+    assert checks.outcome("Exercise 3.1") == "failed" and checks.outcome("3.2") == "failed"
+    assert checks._outcomes.keys() == {"Exercise 3.1", "Exercise 3.2"}
