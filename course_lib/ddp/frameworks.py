@@ -11,7 +11,10 @@ so their losses agree to float precision, step by step::
 """
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -87,9 +90,26 @@ def lightning_losses(steps=5):
     loader = DataLoader(TensorDataset(*_shard()), batch_size=PER_RANK)
     # devices per node and nodes, as torchrun started them
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    trainer = pl.Trainer(strategy="ddp", accelerator=_accelerator(), devices=per_node,
-                         num_nodes=dist.get_world_size() // per_node, max_steps=steps, use_distributed_sampler=False, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
-    trainer.fit(module, loader)
+    with _quiet_lightning():
+        trainer = pl.Trainer(strategy="ddp", accelerator=_accelerator(), devices=per_node,
+                             num_nodes=dist.get_world_size() // per_node, max_steps=steps,
+                             use_distributed_sampler=False, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        trainer.fit(module, loader)
     return _mean_over_ranks(module.losses)
+
+
+@contextmanager
+def _quiet_lightning():
+    """Lightning's banner lines and a deprecation warning from its pytree helper
+    say nothing about the run: keep them out of the notebook."""
+    logger = logging.getLogger("pytorch_lightning")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+            yield
+    finally:
+        logger.setLevel(level)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import threading
+from contextlib import contextmanager
 
 import torch
 
@@ -95,6 +96,23 @@ class CheckFailed(AssertionError):
         _record(self.exercise, "failed")
 
 
+def _not_implemented(exercise):
+    return (f"{exercise} is not implemented yet: replace the `raise NotImplementedError` "
+            f"in its code cell with your solution, run that cell, then this one.")
+
+
+@contextmanager
+def in_process(exercise):
+    """For a check that calls the student's function in the notebook's own process
+    (pure logic, no ranks): the same bookkeeping and stub message as :func:`launch`."""
+    _record(exercise, "checking")
+    try:
+        yield
+    except NotImplementedError:
+        _record(exercise, "failed")
+        raise NotImplementedError(_not_implemented(exercise)) from None
+
+
 _GLOO_ABORT = re.compile(r"what\(\):\s*(?:\[enforce fail at [^\]]*\]\s*)?(?P<what>.+)")
 
 
@@ -115,9 +133,7 @@ def launch(exercise, fn, *args, nproc, timeout=60.0, backend="gloo", **kwargs):
     except LaunchError as exc:
         if exc.exc_type == "NotImplementedError":
             _record(exercise, "failed")
-            raise NotImplementedError(
-                f"{exercise} is not implemented yet: replace the `raise NotImplementedError` "
-                f"in its code cell with your solution, run that cell, then this one.") from None
+            raise NotImplementedError(_not_implemented(exercise)) from None
         if not exc.errors:
             raise CheckFailed(_ended_without_error(exercise, nproc, exc),
                               exercise=exercise) from None

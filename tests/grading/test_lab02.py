@@ -203,7 +203,11 @@ def test_stubs_say_not_implemented():
     def stub(*args):
         raise NotImplementedError
 
+    with pytest.raises(NotImplementedError, match="Exercise 2.2 is not implemented"):
+        lab02.check_assign_buckets(stub)  # checked in this process, not on ranks
+    assert checks.outcome("Exercise 2.2") == "failed"
     with pytest.raises(NotImplementedError, match="Exercise 2.4 is not implemented"):
         lab02.check_accumulation(stub, world_sizes=(2,), micro_batches=(2,))
     with pytest.raises(NotImplementedError, match="Exercise 2.5 is not implemented"):
         lab02.check_bf16_hook(stub, world_sizes=(2,))
+    assert not checks.ready("Exercise 2.5")
