@@ -1,0 +1,44 @@
+"""Wrap policies and unit plans: pure data, no processes."""
+import pytest
+import torch.nn as nn
+
+from course_lib.fsdp import by_size, by_type, plan_units
+from course_lib.models import GPT, Block, GPTConfig
+
+CFG = GPTConfig(vocab=37, dim=24, layers=3, heads=4, seq_len=8)
+
+
+def test_by_type_makes_one_unit_per_block_and_the_root_takes_the_rest():
+    model = GPT(CFG)
+    plan = plan_units(model, by_type(Block))
+    assert list(plan) == ["blocks.0", "blocks.1", "blocks.2", ""]
+    assert all(name.startswith("blocks.1.") for name in plan["blocks.1"])
+    assert set(plan[""]) == {"tok.weight", "pos.weight", "ln_f.weight", "ln_f.bias",
+                             "head.weight", "head.bias"}
+    names = [n for names in plan.values() for n in names]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())  # each once
+
+
+def test_no_policy_is_one_unit_and_by_size_wraps_bottom_up():
+    model = GPT(CFG)
+    assert list(plan_units(model)) == [""]
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    plan = plan_units(model, by_size(block))
+    assert [u for u in plan if u.startswith("blocks.")] == ["blocks.0", "blocks.1", "blocks.2"]
+    # a threshold above every block: inner modules never reach it, the list of blocks does
+    plan = plan_units(model, by_size(2 * block))
+    assert "blocks" in plan and not any(u.startswith("blocks.") for u in plan)
+
+
+def test_a_tied_weight_belongs_to_one_unit():
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    plan = plan_units(model, by_type(nn.Embedding, nn.Linear))
+    assert plan == {"0": ["0.weight"], "": []}
+
+
+def test_policies_reject_nonsense():
+    with pytest.raises(ValueError):
+        by_size(0)
+    with pytest.raises(ValueError):
+        by_type()
