@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib import trace
 from course_lib.handle import Handle
 
 
@@ -40,7 +41,8 @@ class FlatParam:
     parameter (several for tied weights). ``collectives`` has ``all_gather``,
     ``reduce_scatter`` and ``all_reduce`` taking ``group=`` and ``async_op=``."""
 
-    def __init__(self, entries, shard_group, replicate_group, collectives):
+    def __init__(self, entries, shard_group, replicate_group, collectives, label="flat"):
+        self.label = label  # how the timeline names this buffer's collectives
         first = entries[0][2]
         self.dtype, self.device, self.requires_grad = first.dtype, first.device, first.requires_grad
         self.owners = [owners for owners, _, _ in entries]
@@ -84,8 +86,10 @@ class FlatParam:
             self.full.data.copy_(self.shard.data)
             self.pending = Handle.completed()
         else:
-            self.pending = _handle(self.collectives.all_gather(
-                self.full.data, self.shard.data, group=self.shard_group, async_op=True))
+            work = self.collectives.all_gather(self.full.data, self.shard.data,
+                                               group=self.shard_group, async_op=True)
+            self.pending = trace.async_span(f"all_gather {self.label}", "comm", _handle(work),
+                                            bytes=self.full.nbytes)
         if not async_op:
             self.wait()
         return self.pending
@@ -121,11 +125,13 @@ class FlatParam:
         if _size(self.shard_group) == 1:
             out.copy_(grad)
         else:
-            _handle(self.collectives.reduce_scatter(out, grad, group=self.shard_group,
-                                                    async_op=True)).wait()
+            with trace.span(f"reduce_scatter {self.label}", "comm", bytes=grad.nbytes):
+                _handle(self.collectives.reduce_scatter(out, grad, group=self.shard_group,
+                                                        async_op=True)).wait()
         if self.replicate_group is not None and _size(self.replicate_group) > 1:
-            _handle(self.collectives.all_reduce(out, group=self.replicate_group,
-                                                async_op=True)).wait()
+            with trace.span(f"all_reduce {self.label}", "comm", bytes=out.nbytes):
+                _handle(self.collectives.all_reduce(out, group=self.replicate_group,
+                                                    async_op=True)).wait()
         if self.shard.grad is None:
             self.shard.grad = out
         else:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten
 
+from course_lib import trace
 from course_lib.fsdp.flat_param import FlatParam
 from course_lib.fsdp.wrap import plan_units
 
@@ -58,7 +59,9 @@ class _Unit:
 
     def __init__(self, name, module, flats):
         self.name, self.module, self.flats = name, module, flats
+        self.label = name or "root"
         self.backward_ready = False  # its pre-backward ran in this backward
+        self.started = None  # tracer stamp: start of its forward or backward
 
     def unshard(self, async_op=False):
         for flat in self.flats:
@@ -110,8 +113,10 @@ class FSDP(nn.Module):
             for name in names:
                 p = params[name]
                 groups.setdefault((p.dtype, p.requires_grad), []).append((owners[id(p)], name, p))
-            flats = [FlatParam(entries, shard_group, replicate_group, ops)
-                     for entries in groups.values()]
+            label = unit_name or "root"
+            flats = [FlatParam(entries, shard_group, replicate_group, ops,
+                               label=label if trainable else f"{label} (frozen)")
+                     for (_, trainable), entries in groups.items()]
             if flats:
                 self.units.append(_Unit(unit_name, module.get_submodule(unit_name), flats))
         self.shards = nn.ParameterList([f.shard for u in self.units for f in u.flats])
@@ -151,8 +156,11 @@ class FSDP(nn.Module):
         self._prefetch(self.forward_order, unit, ahead=1)
         unit.wait()
         unit.backward_ready = False
+        # the root's forward and backward enclose every unit's: no span of its own
+        unit.started = _stamp() if unit is not self._root else None
 
     def _post_forward(self, unit, out):
+        _record(f"forward {unit.label}", unit.started)
         if self.sharding in ("full", "hybrid") and unit is not self._root:
             unit.reshard()
         if torch.is_grad_enabled():
@@ -182,9 +190,11 @@ class FSDP(nn.Module):
             unit.unshard(async_op=True)
             self._prefetch(self.forward_order, unit, ahead=-1)
             unit.wait()
+            unit.started = _stamp() if unit is not self._root else None
         return grad
 
     def _post_backward(self, unit, flat):
+        _record(f"backward {unit.label}", unit.started)
         flat.reduce_grad(self.replicas)
         flat.done = True
         if all(getattr(f, "done", False) or not f.requires_grad for f in unit.flats):
@@ -216,6 +226,18 @@ class FSDP(nn.Module):
     def unsharded_units(self):
         """Names of the units whose full parameters are in memory now."""
         return [u.name for u in self.units if u.unsharded]
+
+
+def _stamp():
+    tracer = trace.get_tracer()
+    return tracer.stamp() if tracer is not None else None
+
+
+def _record(name, start):
+    """A compute span from ``start`` to now, when a tracer records."""
+    tracer = trace.get_tracer()
+    if tracer is not None and start is not None:
+        tracer.record(name, "compute", start, tracer.stamp())
 
 
 def _owners(module):

@@ -1,0 +1,127 @@
+"""Step time and memory of data parallelism with and without sharding, side by side (Lab 03).
+
+DDP, DDP + ZeRO-1, our FSDP (each sharding, prefetch on and off) and torch's
+FSDP2 (``fully_shard``, one unit per block) train the same GPT in one job,
+alternating in rounds. A step is zero_grad, forward, cross-entropy, backward,
+AdamW step; the time is the slowest rank's mean per step, median over rounds.
+Memory is measured per rank for one step of each (``course_lib.memory``).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course_lib.ddp import DDP
+from course_lib.fsdp import FSDP, ShardedOptimizer, by_type
+from course_lib.models import GPT, Block, GPTConfig
+from course_lib.runtime.backend import current_device
+from course_lib.runtime.device import sync
+
+
+def config(dim=128, layers=4, heads=4, vocab=256, seq_len=64):
+    return GPTConfig(vocab=vocab, dim=dim, layers=layers, heads=heads, seq_len=seq_len)
+
+
+def _fsdp2(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def variants():
+    """name -> (wrap(model) -> model, optimizer factory)."""
+    adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)  # noqa: E731
+    zero1 = lambda params: ShardedOptimizer(params, torch.optim.AdamW, lr=1e-3)  # noqa: E731
+    out = {"DDP": (DDP, adamw), "DDP + ZeRO-1": (DDP, zero1)}
+    for sharding in ("full", "grad_op", "none"):
+        for prefetch in (1, 0):
+            name = f"FSDP {sharding}" + ("" if prefetch else ", no prefetch")
+            out[name] = ((lambda m, s=sharding, p=prefetch: FSDP(m, units=by_type(Block),
+                                                                  sharding=s, prefetch=p)), adamw)
+    out["torch FSDP2"] = (_fsdp2, adamw)
+    return out
+
+
+def _step(model, opt, x, y, vocab):
+    opt.zero_grad()
+    logits = model(x)
+    F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1)).backward()
+    opt.step()
+
+
+def _timed(model, opt, x, y, vocab, steps, device):
+    dist.barrier()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        _step(model, opt, x, y, vocab)
+    sync(device)
+    elapsed = torch.tensor([(time.perf_counter() - start) / steps], dtype=torch.float64,
+                           device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def measure(cfg=None, batch=8, steps=3, rounds=3, names=None):
+    """{variant: {"step_s": seconds per step, "peak_bytes": this rank's peak in a step,
+    "state_bytes": parameters + gradients + optimizer state on this rank}}."""
+    from course_lib.memory.measure import model_state_bytes_of, peak_bytes
+
+    cfg = cfg or config()
+    device = current_device()
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
+    y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
+    chosen = {k: v for k, v in variants().items() if names is None or k in names}
+    models, opts, result = {}, {}, {}
+    for name, (wrap, make_opt) in chosen.items():
+        models[name] = wrap(GPT(cfg, seed=0).to(device))
+        opts[name] = make_opt(models[name].parameters())
+        with peak_bytes(device) as peak:
+            _step(models[name], opts[name], x, y, cfg.vocab)  # also the warm-up
+        state = model_state_bytes_of(models[name], getattr(opts[name], "optimizer", opts[name]))
+        result[name] = {"peak_bytes": peak.peak, "state_bytes": state["total"]}
+    samples = {name: [] for name in chosen}
+    for _ in range(rounds):
+        for name in chosen:
+            samples[name].append(_timed(models[name], opts[name], x, y, cfg.vocab, steps, device))
+    for name in chosen:
+        result[name]["step_s"] = statistics.median(samples[name])
+    return result
+
+
+def format_table(result, nproc):
+    ref = result.get("torch FSDP2", {}).get("step_s")
+    lines = [f"GPT training step on {nproc} ranks (rank 0's memory):",
+             f"{'variant':>24} {'ms/step':>9} {'vs FSDP2':>9} {'state MB':>9} {'peak MB':>9}"]
+    for name, r in result.items():
+        ratio = f"{r['step_s'] / ref:.2f}" if ref else "-"
+        lines.append(f"{name:>24} {r['step_s'] * 1e3:>9.1f} {ratio:>9} "
+                     f"{r['state_bytes'] / 1e6:>9.2f} {r['peak_bytes'] / 1e6:>9.2f}")
+    return "\n".join(lines)
+
+
+def traced_step(cfg=None, batch=8, prefetch=1, sharding="full"):
+    """One traced step of our FSDP (after an untraced one that fixes the order):
+    per unit, its forward and backward (compute) and its all-gathers and
+    reduce-scatters (comm). Returns the number of units."""
+    from course_lib import trace
+
+    cfg = cfg or config()
+    device = current_device()
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
+    model = FSDP(GPT(cfg, seed=0).to(device), units=by_type(Block), sharding=sharding,
+                 prefetch=prefetch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with trace.paused():
+        _step(model, opt, x, x, cfg.vocab)
+    dist.barrier()
+    _step(model, opt, x, x, cfg.vocab)
+    return len(model.units)
