@@ -3,6 +3,7 @@
     python -m course_lib.bench launch --nproc 4 --repeat 10  # first and warm run() calls
     python -m course_lib.bench collectives --nproc 4 --sizes 4K:64M --json out.json
     python -m course_lib.bench ddp --nproc 2 --bucket-mb 25 --sweep 1,4,16,64
+    python -m course_lib.bench fsdp --nproc 2 --dim 128 --layers 4
 
 Timings vary run to run (+-30% on a small CPU machine): the tables report
 medians, and comparisons are ratios measured side by side in one job.
@@ -44,8 +45,24 @@ def main(argv=None):
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--json", default=None)
+    p = sub.add_parser("fsdp", help="DDP, ZeRO-1, our FSDP and torch FSDP2: time and memory")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None)
     ns = parser.parse_args(argv)
-    if ns.what == "ddp":
+    if ns.what == "fsdp":
+        from course_lib.bench import fsdp as bf
+        from course_lib.runtime.launcher import run
+
+        cfg = bf.config(dim=ns.dim, layers=ns.layers)
+        result = run(bf.measure, cfg, batch=ns.batch, rounds=ns.rounds, nproc=ns.nproc,
+                     backend=ns.backend, timeout=3600)[0]
+        print(bf.format_table(result, ns.nproc))
+    elif ns.what == "ddp":
         from course_lib.bench import ddp as bd
         from course_lib.runtime.launcher import run
         from course_lib.trace.metrics import overlap_fraction

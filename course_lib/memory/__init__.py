@@ -1,0 +1,13 @@
+"""Lab 03: memory you can predict (formulas) and measure (allocator).
+
+- :mod:`~course_lib.memory.estimate`: P, ZeRO stage bytes, activations, FSDP peak, OLMo table
+- :mod:`~course_lib.memory.measure`: model-state bytes of a model and optimizer, peak bytes
+"""
+from course_lib.memory.estimate import (OLMO, ModelShape, activation_bytes, fsdp_peak_param_bytes,
+                                        gpus_needed, memory_table, model_state_bytes,
+                                        other_bytes, param_count)
+from course_lib.memory.measure import model_state_bytes_of, peak_bytes
+
+__all__ = ["OLMO", "ModelShape", "activation_bytes", "fsdp_peak_param_bytes", "gpus_needed",
+           "memory_table", "model_state_bytes", "other_bytes", "param_count",
+           "model_state_bytes_of", "peak_bytes"]
