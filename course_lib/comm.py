@@ -8,6 +8,13 @@ the counts to grade the algorithm, not just its answer::
         ring_all_reduce(x)
     stats.sent_messages, stats.sent_bytes        # 2(n-1), ~2(n-1)/n * x.nbytes
 
+Collectives are counted too, whichever implementation runs them, when they go
+through :func:`course_lib.collectives.collective_ops` (DDP, FSDP and tensor
+parallelism do): ``stats.collectives["all_reduce"]`` is the number of calls on
+this rank and ``stats.collective_bytes["all_reduce"]`` their bytes (S, the whole
+array, as nccl-tests count it: the output of an all-gather, the input of a
+reduce-scatter).
+
 Every call takes a process group (``group=None``: the world) and ranks *local
 to that group*, as torch's ``group_dst`` / ``group_src``: on a tensor-parallel
 group of global ranks {4, 5}, ``send(x, dst=1, group=tp)`` goes to global rank
@@ -39,13 +46,16 @@ from course_lib.handle import Handle
 
 @dataclass
 class CommStats:
-    """Traffic of one rank. ``sent_to[peer]`` and ``recv_from[peer]`` are bytes."""
+    """Traffic of one rank. ``sent_to[peer]`` and ``recv_from[peer]`` are bytes;
+    ``collectives[name]`` calls and ``collective_bytes[name]`` their bytes."""
     sent_messages: int = 0
     sent_bytes: int = 0
     recv_messages: int = 0
     recv_bytes: int = 0
     sent_to: Counter = field(default_factory=Counter)
     recv_from: Counter = field(default_factory=Counter)
+    collectives: Counter = field(default_factory=Counter)
+    collective_bytes: Counter = field(default_factory=Counter)
 
     def add_send(self, nbytes, peer):
         self.sent_messages += 1
@@ -57,10 +67,16 @@ class CommStats:
         self.recv_bytes += nbytes
         self.recv_from[peer] += nbytes
 
+    def add_collective(self, name, nbytes):
+        self.collectives[name] += 1
+        self.collective_bytes[name] += nbytes
+
     def as_dict(self):
         return {"sent_messages": self.sent_messages, "sent_bytes": self.sent_bytes,
                 "recv_messages": self.recv_messages, "recv_bytes": self.recv_bytes,
-                "sent_to": dict(self.sent_to), "recv_from": dict(self.recv_from)}
+                "sent_to": dict(self.sent_to), "recv_from": dict(self.recv_from),
+                "collectives": dict(self.collectives),
+                "collective_bytes": dict(self.collective_bytes)}
 
 
 _active: list[CommStats] = []  # every open counting() context counts every message
@@ -101,6 +117,12 @@ def _count_send(tensor, peer):
 def _count_recv(tensor, peer):
     for stats in _active:
         stats.add_recv(_nbytes(tensor), peer)
+
+
+def count_collective(name, tensor):
+    """Count one call of collective ``name`` on ``tensor`` (its whole array, S)."""
+    for stats in _active:
+        stats.add_collective(name, _nbytes(tensor))
 
 
 def send(tensor, dst, group=None, tag=0):

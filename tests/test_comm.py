@@ -15,7 +15,8 @@ def test_stats_accumulate_per_peer():
     stats.add_send(4, 1)
     stats.add_recv(8, 2)
     assert stats.as_dict() == {"sent_messages": 2, "sent_bytes": 16, "recv_messages": 1,
-                               "recv_bytes": 8, "sent_to": {1: 16}, "recv_from": {2: 8}}
+                               "recv_bytes": 8, "sent_to": {1: 16}, "recv_from": {2: 8},
+                               "collectives": {}, "collective_bytes": {}}
 
 
 def every_kind_of_message():
@@ -56,7 +57,8 @@ def test_messages_arrive_and_are_counted():
         assert torch.equal(got_c, torch.full((3,), float(right)))
         assert o["inner"] == {"sent_messages": 2, "sent_bytes": 28 + 12, "recv_messages": 2,
                               "recv_bytes": 28 + 12, "sent_to": {right: 28, left: 12},
-                              "recv_from": {left: 28, right: 12}}
+                              "recv_from": {left: 28, right: 12},
+                              "collectives": {}, "collective_bytes": {}}
         assert o["outer"]["sent_messages"] == 3 and o["outer"]["sent_bytes"] == 40 + 40
         assert o["outer"]["recv_from"] == {left: 40 + 28, right: 12}
 

@@ -24,10 +24,11 @@ Files: :mod:`~course_lib.collectives.p2p` (Lab 00's patterns),
 :mod:`~course_lib.collectives.cost_model` and :mod:`~course_lib.collectives.ring_viz`.
 """
 from course_lib.collectives.reduce_ops import ReduceOp, chunk_bounds, combine, scratch
+from course_lib.collectives.select import collective_ops
 from course_lib.collectives.ring import all_gather, all_reduce, reduce_scatter, ring_step_chunks
 from course_lib.collectives.rooted import (broadcast, naive_all_reduce, pipelined_broadcast,
                                            reduce, ring_broadcast)
 
 __all__ = ["broadcast", "ring_broadcast", "pipelined_broadcast", "reduce", "naive_all_reduce",
            "all_reduce", "reduce_scatter", "all_gather", "ring_step_chunks", "chunk_bounds",
-           "combine", "scratch", "ReduceOp"]
+           "combine", "scratch", "ReduceOp", "collective_ops"]

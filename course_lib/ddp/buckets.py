@@ -12,7 +12,6 @@ lower (1 MiB) so that the first all-reduce can start early in backward::
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from course_lib.handle import Handle
 
@@ -121,12 +120,11 @@ def make_all_reduce(kind, group=None):
     on the group's helper thread so that it overlaps backward (one thread keeps
     the buckets in order). A callable: ``fn(tensor)`` returning a work or
     handle, or None when it reduced in place synchronously."""
-    if kind == "torch":
-        return lambda tensor: Handle.from_works(dist.all_reduce(tensor, group=group, async_op=True))
-    if kind == "ring":
-        from course_lib.collectives.ring import all_reduce
+    if kind in ("torch", "ring"):
+        from course_lib.collectives.select import collective_ops
 
-        return lambda tensor: all_reduce(tensor, group=group, async_op=True)
+        all_reduce = collective_ops(kind).all_reduce
+        return lambda tensor: Handle.from_works(all_reduce(tensor, group=group, async_op=True))
     if callable(kind):
         def launch(tensor):
             work = kind(tensor)

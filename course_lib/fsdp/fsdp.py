@@ -26,14 +26,13 @@ group, gradient shards all-reduced across the replicate group)::
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten
 
 from course_lib import trace
+from course_lib.collectives.select import collective_ops
 from course_lib.fsdp.flat_param import FlatParam
 from course_lib.fsdp.wrap import plan_units
 
@@ -41,17 +40,9 @@ SHARDINGS = ("full", "grad_op", "none", "hybrid")
 
 
 def collectives_for(kind):
-    """The three collectives FSDP needs: torch's ("torch") or Lab 01's ring ("ring",
-    built on counted send/recv, so ``comm.counting()`` sees FSDP's bytes)."""
-    if kind == "torch":
-        from course_lib.runtime.backend import builtin_all_gather, builtin_reduce_scatter
-        return SimpleNamespace(all_gather=builtin_all_gather, reduce_scatter=builtin_reduce_scatter,
-                               all_reduce=dist.all_reduce)
-    if kind == "ring":
-        from course_lib.collectives import ring
-        return SimpleNamespace(all_gather=ring.all_gather, reduce_scatter=ring.reduce_scatter,
-                               all_reduce=ring.all_reduce)
-    raise ValueError(f"collectives must be 'torch' or 'ring', got {kind!r}")
+    """The three collectives FSDP needs, counted by ``comm.counting()``: torch's
+    ("torch") or Lab 01's ring ("ring", built on counted send/recv)."""
+    return collective_ops(kind)
 
 
 class _Unit:
