@@ -75,7 +75,7 @@ class FSDP(nn.Module):
     """Fully sharded data parallelism over ``group`` (the world by default)."""
 
     def __init__(self, module, *, units=None, sharding="full", group=None, mesh=None,
-                 prefetch=1, collectives="torch"):
+                 prefetch=1, collectives="torch", prefetch_plan=None):
         super().__init__()
         if sharding not in SHARDINGS:
             raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}")
@@ -83,6 +83,7 @@ class FSDP(nn.Module):
             raise ValueError("sharding='hybrid' takes a 2-D mesh with dims ('replicate', "
                              "'shard'), and only it does")
         self.module, self.sharding, self.prefetch = module, sharding, prefetch
+        self.prefetch_plan = prefetch_plan or prefetch_targets
         group = group if group is not None else dist.group.WORLD  # None below: a group of one
         if sharding == "hybrid":
             shard_group, replicate_group = mesh.get_group("shard"), mesh.get_group("replicate")
@@ -144,7 +145,7 @@ class FSDP(nn.Module):
         if not self._order_known:
             self.forward_order.append(unit)
         unit.unshard(async_op=True)
-        self._prefetch(self.forward_order, unit, ahead=1)
+        self._prefetch(self.forward_order, unit, backward=False)
         unit.wait()
         unit.backward_ready = False
         # the root's forward and backward enclose every unit's: no span of its own
@@ -161,15 +162,17 @@ class FSDP(nn.Module):
                 t.register_hook(lambda grad, unit=unit: self._pre_backward(unit, grad))
         return out
 
-    def _prefetch(self, order, unit, ahead):
-        """Start the all-gathers of the ``prefetch`` units after ``unit`` in ``order``."""
+    def _prefetch(self, order, unit, backward):
+        """Start the all-gathers of the units ``prefetch_plan`` names for ``unit``."""
         if not self.prefetch or unit not in order:
             return
-        at = order.index(unit)
-        following = order[at + 1:at + 1 + self.prefetch] if ahead > 0 else \
-            order[max(0, at - self.prefetch):at][::-1]
-        for other in following:
-            other.unshard(async_op=True)
+        by_name = {u.name: u for u in order}
+        for name in self.prefetch_plan([u.name for u in order], unit.name, self.prefetch,
+                                       backward):
+            if name not in by_name:
+                raise ValueError(f"prefetch_plan named unit {name!r}, which is not one of "
+                                 f"{list(by_name)}")
+            by_name[name].unshard(async_op=True)
 
     # ---- backward ---------------------------------------------------------------------------
     def _pre_backward(self, unit, grad):
@@ -179,7 +182,7 @@ class FSDP(nn.Module):
         if not unit.backward_ready:
             unit.backward_ready = True
             unit.unshard(async_op=True)
-            self._prefetch(self.forward_order, unit, ahead=-1)
+            self._prefetch(self.forward_order, unit, backward=True)
             unit.wait()
             unit.started = _stamp() if unit is not self._root else None
         return grad
@@ -217,6 +220,21 @@ class FSDP(nn.Module):
     def unsharded_units(self):
         """Names of the units whose full parameters are in memory now."""
         return [u.name for u in self.units if u.unsharded]
+
+
+def prefetch_targets(order, current, depth, backward=False):
+    """The units whose all-gather to start while unit ``current`` computes: the
+    ``depth`` units that compute next. ``order`` is the forward order (names);
+    forward runs it left to right, backward right to left, so in backward the
+    next units are the ones *before* ``current``, nearest first::
+
+        prefetch_targets(["a", "b", "c", "d"], "b", 2)                  # ["c", "d"]
+        prefetch_targets(["a", "b", "c", "d"], "c", 2, backward=True)   # ["b", "a"]
+    """
+    at = order.index(current)
+    if backward:
+        return order[max(0, at - depth):at][::-1]
+    return order[at + 1:at + 1 + depth]
 
 
 def _stamp():

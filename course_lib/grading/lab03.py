@@ -150,3 +150,4 @@ def check_zero1_step(zero1_step, world_sizes=(1, 2, 3)):
                                 what="bytes of AdamW state on this rank (exp_avg, exp_avg_sq)")
     checks.passed(ex, f"world sizes {list(world_sizes)}, {STEPS} steps as unsharded AdamW with "
                       f"1/n of its state per rank")
+

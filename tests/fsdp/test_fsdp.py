@@ -44,13 +44,14 @@ def single_process(world):
     return model.state_dict()
 
 
-def train(sharding, prefetch=1, hybrid=False):
+def train(sharding, prefetch=1, hybrid=False, prefetch_plan=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = None
     if hybrid:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    model = FSDP(_model(), units=by_type(Block), sharding=sharding, prefetch=prefetch, mesh=mesh)
+    model = FSDP(_model(), units=by_type(Block), sharding=sharding, prefetch=prefetch, mesh=mesh,
+                 prefetch_plan=prefetch_plan)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     x, y = _batch(world)
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
@@ -95,6 +96,18 @@ def test_full_parameters_exist_only_while_their_unit_computes(prefetch):
                 assert f"blocks.{i}" in now and set(now) <= allowed, (i, now)
                 if prefetch and i + 1 < CFG.layers:  # the next unit's all-gather is under way
                     assert f"blocks.{i + 1}" in now, (i, now)
+
+
+def skip_one(order, current, depth, backward):
+    """A prefetch plan of our own: in forward, the unit two ahead (not the next)."""
+    at = order.index(current)
+    return [] if backward else order[at + 2:at + 3]
+
+
+def test_fsdp_follows_a_given_prefetch_plan():
+    for _, whole, _ in run(train, "full", prefetch_plan=skip_one, nproc=2, timeout=120):
+        block_0 = whole[CFG.layers]  # step 2: the forward order is known
+        assert "blocks.2" in block_0, block_0  # the default plan would be gathering blocks.1
 
 
 class Stack(nn.Module):

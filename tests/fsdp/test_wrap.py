@@ -2,7 +2,7 @@
 import pytest
 import torch.nn as nn
 
-from course_lib.fsdp import by_size, by_type, plan_units
+from course_lib.fsdp import by_size, by_type, plan_units, prefetch_targets
 from course_lib.models import GPT, Block, GPTConfig
 
 CFG = GPTConfig(vocab=37, dim=24, layers=3, heads=4, seq_len=8)
@@ -42,3 +42,12 @@ def test_policies_reject_nonsense():
         by_size(0)
     with pytest.raises(ValueError):
         by_type()
+
+
+@pytest.mark.parametrize("current,depth,backward,want", [
+    ("b", 1, False, ["c"]), ("b", 2, False, ["c", "d"]), ("d", 2, False, []),
+    ("c", 1, True, ["b"]), ("c", 2, True, ["b", "a"]), ("a", 3, True, [""]),
+    ("b", 0, False, []), ("", 1, False, ["a"])])
+def test_prefetch_targets_are_the_units_that_compute_next(current, depth, backward, want):
+    # forward runs the order left to right (the root "" starts first), backward right to left
+    assert prefetch_targets(["", "a", "b", "c", "d"], current, depth, backward) == want
