@@ -110,10 +110,11 @@ def format_table(result, nproc):
     return "\n".join(lines)
 
 
-def traced_step(cfg=None, batch=8, prefetch=1, sharding="full"):
+def traced_step(cfg=None, batch=8, prefetch=1, sharding="full", prefetch_plan=None):
     """One traced step of our FSDP (after an untraced one that fixes the order):
     per unit, its forward and backward (compute) and its all-gathers and
-    reduce-scatters (comm). Returns the number of units."""
+    reduce-scatters (comm). ``prefetch_plan``: which units to prefetch (the
+    student's, in Lab 03; FSDP's own by default). Returns the number of units."""
     from course_lib import trace
 
     cfg = cfg or config()
@@ -121,7 +122,7 @@ def traced_step(cfg=None, batch=8, prefetch=1, sharding="full"):
     gen = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
     model = FSDP(GPT(cfg, seed=0).to(device), units=by_type(Block), sharding=sharding,
-                 prefetch=prefetch)
+                 prefetch=prefetch, prefetch_plan=prefetch_plan)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with trace.paused():
         _step(model, opt, x, x, cfg.vocab)
