@@ -12,7 +12,10 @@ holds what no unit claimed) into flat parameters sharded over the group
                   free the full parameters
 
 so at any time only the units computing (plus the prefetched ones) are whole:
-peak parameter memory sum(psi_i)/n + (prefetch + 1) max(psi_i). Per step a rank
+peak parameter memory sum(psi_i)/n + (prefetch + 1) max(psi_i), plus psi_root:
+the root stays whole from its forward to its backward (as FSDP2's root does:
+its output layer is the last thing forward uses and the first backward needs,
+and the root holds no block). Per step a rank
 moves 3 psi (n-1)/n bytes (two all-gathers, one reduce-scatter) against DDP's
 2 psi (n-1)/n. ``sharding``: "full" (FULL_SHARD), "grad_op" (SHARD_GRAD_OP:
 keep the full parameters from forward to the unit's backward), "none"

@@ -79,10 +79,15 @@ def other_bytes(shape, batch):
     return 2 * batch * shape.seq_len
 
 
-def fsdp_peak_param_bytes(unit_bytes, n, prefetch=0):
+def fsdp_peak_param_bytes(unit_bytes, n, prefetch=0, root_bytes=0):
     """sum(psi_i)/n + (prefetch + 1) max(psi_i): every shard, plus the units
-    gathered at once (the one computing and those prefetched)."""
-    return sum(unit_bytes) / n + (prefetch + 1) * max(unit_bytes)
+    gathered at once (the one computing and those prefetched).
+
+    ``root_bytes``: a root unit kept whole from its forward to its backward
+    (torch FSDP2's default for the root, and ours: its output layer is the last
+    thing forward uses and the first backward needs) adds psi_root, and its
+    shard is already in ``unit_bytes``."""
+    return sum(unit_bytes) / n + (prefetch + 1) * max(unit_bytes) + root_bytes
 
 
 def gpus_needed(total_bytes, card_gb):

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from course_lib.memory import (OLMO, fsdp_peak_param_bytes, gpus_needed, model_state_bytes,
+from course_lib.memory import (activation_bytes, other_bytes, OLMO, fsdp_peak_param_bytes, gpus_needed, model_state_bytes,
                                model_state_bytes_of, param_count, peak_bytes)
 from course_lib.models import GPT, GPTConfig, gpt_param_count
 
@@ -78,3 +78,22 @@ def test_activation_peak_grows_with_the_batch():
         peaks.append(peak.peak)
         del loss
     assert 0 < peaks[0] and peaks[1] > 3 * peaks[0]
+
+
+def test_activations_kept_for_backward_are_the_formula_within_a_stated_factor():
+    """The notes' constants count the tensors *their* implementation saves, in half
+    precision; ours saves other intermediates (GELU's input, attention's output and
+    log-sum-exp, each LayerNorm's statistics) in fp32. So measurement and formula
+    (doubled for fp32) agree in scale, within a factor of 4, and scale alike in B."""
+    cfg = GPTConfig(vocab=64, dim=32, layers=2, heads=4, seq_len=16)
+    model = GPT(cfg)
+    kept = {}
+    for batch in (4, 8):
+        x = torch.randint(0, 64, (batch, 16))
+        with peak_bytes() as fwd:
+            loss = model.loss(x, x)
+        kept[batch] = fwd.end  # what autograd keeps from forward to backward
+        del loss
+        formula = 2 * (activation_bytes(cfg, batch) + other_bytes(cfg, batch))
+        assert formula / 4 <= kept[batch] <= 4 * formula, (batch, kept[batch], formula)
+    assert 1.8 <= kept[8] / kept[4] <= 2.2  # linear in B, as the formula
