@@ -33,6 +33,7 @@ from contextlib import contextmanager
 
 import torch
 
+from course_lib.grading.stubs import is_stub
 from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.launcher import LaunchError, LaunchTimeout, run
 
@@ -121,6 +122,9 @@ def launch(exercise, fn, *args, nproc, timeout=60.0, backend="gloo", **kwargs):
     (and recorded for :func:`ready`). Checks grade on CPU ranks (gloo) by default:
     world sizes like 3 need no GPUs, and a grade does not depend on the machine."""
     _record(exercise, "checking")
+    if any(is_stub(obj) for obj in (fn, *args, *kwargs.values())):
+        _record(exercise, "failed")  # no job: every rank would raise at its first line
+        raise NotImplementedError(_not_implemented(exercise))
     try:
         return run(fn, *args, nproc=nproc, timeout=timeout, backend=backend, **kwargs)
     except LaunchTimeout as exc:
