@@ -20,8 +20,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $@
 
+# make run NPROC=4 BACKEND=nccl ONLY=02,03 QUICK=0 OUT=runs/mine: parameters go through
+# papermill (without NPROC each notebook keeps its own default)
+QUICK ?= 1
+BACKEND ?= auto
 run: setup
-	$(BIN)/python -m course_lib.grading.runall --quick
+	$(BIN)/python -m course_lib.grading.runall $(if $(filter 1,$(QUICK)),--quick) \
+		$(if $(filter command line environment,$(origin NPROC)),--nproc $(NPROC)) \
+		--backend $(BACKEND) $(if $(ONLY),--only $(ONLY)) $(if $(OUT),--out $(OUT))
 
 test: setup
 	$(BIN)/python -m pytest

@@ -4,11 +4,13 @@
 
 Each notebook gets the parameters QUICK, NPROC, BACKEND and OUTPUT_DIR; it
 saves its timelines (PNG) and Chrome traces (JSON) under OUTPUT_DIR, and the
-executed notebook lands beside them. Exits 1 if any notebook failed.
+executed notebook lands beside them, with ``summary.csv`` (notebook, status,
+seconds, error). Exits 1 if any notebook failed.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,16 @@ def run_notebooks(solutions, out, params, only=None, timeout=1800):
     return results
 
 
+def write_summary(path, results):
+    """One row per notebook: notebook, status (ok / failed), seconds, error."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["notebook", "status", "seconds", "error"])
+        for name, seconds, error in results:
+            writer.writerow([name, "ok" if error is None else "failed", f"{seconds:.1f}",
+                             error or ""])
+
+
 def main(argv=None):
     import logging
 
@@ -63,7 +75,8 @@ def main(argv=None):
     print(f"\n{'notebook':<28}{'seconds':>9}  status")
     for name, seconds, error in results:
         print(f"{name:<28}{seconds:>9.1f}  {'ok' if error is None else 'FAILED ' + error}")
-    print(f"\nexecuted notebooks, timelines and traces: {Path(out).resolve()}")
+    write_summary(Path(out) / "summary.csv", results)
+    print(f"\nexecuted notebooks, timelines, traces and summary.csv: {Path(out).resolve()}")
     return 0 if all(e is None for *_, e in results) else 1
 
 

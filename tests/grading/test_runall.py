@@ -1,4 +1,5 @@
 """`make run`: papermill executes the solutions and collects their artifacts."""
+import csv
 import json
 import subprocess
 import sys
@@ -53,6 +54,9 @@ def test_papermill_runs_a_lab_with_parameters_and_leaves_timelines_and_traces(tm
     trace = json.loads((out / "98_trace.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"]} == {0, 1, 2}
     assert "98_small.ipynb" in proc.stdout and "ok" in proc.stdout
+    (row,) = list(csv.DictReader(open(out / "summary.csv")))
+    assert row["notebook"] == "98_small.ipynb" and row["status"] == "ok"
+    assert float(row["seconds"]) > 0
 
 
 def test_a_failing_notebook_fails_the_run(tmp_path):
@@ -66,3 +70,5 @@ def test_a_failing_notebook_fails_the_run(tmp_path):
     proc = runall("--solutions", str(tmp_path / "solutions"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 1
     assert "FAILED" in proc.stdout and "broken on purpose" in proc.stdout
+    (row,) = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    assert row["status"] == "failed" and "broken on purpose" in row["error"]
