@@ -90,7 +90,9 @@ def counting():
     try:
         yield stats
     finally:
-        _active.remove(stats)
+        # by identity: two blocks with equal counts are equal dataclasses, and
+        # list.remove would take the first of them, perhaps the outer block's
+        del _active[next(i for i, s in enumerate(_active) if s is stats)]
 
 
 def _nbytes(tensor):
@@ -164,31 +166,46 @@ def exchange_async(sends=(), recvs=(), group=None, tag=0):
     group-local); returns one Handle for the whole step. On NCCL they go through
     ``batch_isend_irecv`` (one group call, so pairs cannot deadlock); gloo posts
     each message directly, which is just as safe there and saves a coalescing
-    pass per step."""
-    for _, peer in (*sends, *recvs):
+    pass per step.
+
+    A message may carry its own tag, ``(tensor, peer, tag)``, overriding ``tag``:
+    one step can then send a pipeline's activations and receive its gradients
+    on two streams and still be one group on NCCL."""
+    sends = [_tagged(message, tag) for message in sends]
+    recvs = [_tagged(message, tag) for message in recvs]
+    for _, peer, _ in (*sends, *recvs):
         _check_peer(peer, group)
     if not sends and not recvs:
         return Handle.completed()
-    for tensor, peer in sends:
+    for tensor, peer, _ in sends:
         _count_send(tensor, peer)
-    for tensor, peer in recvs:
+    for tensor, peer, _ in recvs:
         _count_recv(tensor, peer)
     if dist.get_backend(group) == "gloo":
         # receives first: a gloo sender pushes its bytes once the peer has posted
-        works = [dist.irecv(t, group=group, tag=tag, group_src=p) for t, p in recvs]
-        works += [dist.isend(t, group=group, tag=tag, group_dst=p) for t, p in sends]
+        works = [dist.irecv(t, group=group, tag=g, group_src=p) for t, p, g in recvs]
+        works += [dist.isend(t, group=group, tag=g, group_dst=p) for t, p, g in sends]
     else:
-        ops = [dist.P2POp(dist.isend, t, group=group, tag=tag, group_peer=p) for t, p in sends]
-        ops += [dist.P2POp(dist.irecv, t, group=group, tag=tag, group_peer=p) for t, p in recvs]
+        ops = [dist.P2POp(dist.isend, t, group=group, tag=g, group_peer=p) for t, p, g in sends]
+        ops += [dist.P2POp(dist.irecv, t, group=group, tag=g, group_peer=p) for t, p, g in recvs]
         works = dist.batch_isend_irecv(ops)
     handle = Handle.from_works(works)
     if trace.get_tracer() is None:
         return handle
-    nbytes = sum(_nbytes(t) for t, _ in sends)
-    peers = sorted({p for _, p in sends} | {p for _, p in recvs})
+    nbytes = sum(_nbytes(t) for t, _, _ in sends)
+    peers = sorted({p for _, p, _ in sends} | {p for _, p, _ in recvs})
     # One span for the whole step: it ends when the last of its messages is done.
     return trace.async_span("exchange " + ",".join(map(str, peers)), "comm", handle,
                             bytes=nbytes, peer=(sends or recvs)[0][1], args_peers=peers)
+
+
+def _tagged(message, default_tag):
+    """``(tensor, peer)`` or ``(tensor, peer, tag)`` as ``(tensor, peer, tag)``."""
+    if len(message) == 2:
+        return (*message, default_tag)
+    if len(message) == 3:
+        return tuple(message)
+    raise ValueError(f"a message is (tensor, peer) or (tensor, peer, tag), got {len(message)} items")
 
 
 def exchange(sends=(), recvs=(), group=None, tag=0):

@@ -186,3 +186,12 @@ def test_every_async_call_returns_one_handle_type():
     for rank, (kinds, done, is_handle, got) in enumerate(run(handles_everywhere, nproc=2)):
         assert kinds == {"Handle"} and done == [True, True] and is_handle
         assert got == float(1 - rank)
+
+
+def test_nested_counting_blocks_with_equal_counts_each_remove_their_own():
+    with comm.counting() as outer:
+        with comm.counting() as inner:  # both empty: equal as dataclasses
+            pass
+        comm._count_send(torch.ones(2), 1)
+    assert outer.sent_messages == 1 and inner.sent_messages == 0
+    assert comm._active == []

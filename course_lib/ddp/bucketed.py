@@ -114,6 +114,7 @@ class DDP(_DataParallel):
             for bucket in self.buckets[:self._next]:
                 bucket.work.wait()  # launched on every rank that got this far
             self._reset()
+            self._sync_backward = False
             if not self.rebuilt:
                 self.ready_order = []
         if not self.rebuilt and self.ready_order and torch.is_grad_enabled():
@@ -186,3 +187,4 @@ class DDP(_DataParallel):
                     bucket.buffer.copy_(reduced.reshape(-1))
             bucket.write_back(keep)
         self._reset()
+        self._sync_backward = False  # as torch's reducer: armed again by the next forward

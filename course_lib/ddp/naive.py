@@ -45,6 +45,13 @@ class _DataParallel(nn.Module):
         # built its graph, so no_sync() must wrap the forward (nanoGPT sets the
         # attribute directly on the last micro-step instead).
         self.require_backward_grad_sync = True
+        # torch's name too: whether the next forward broadcasts the buffers. True at
+        # first; afterwards, whether the last forward was a synchronising training
+        # forward (grad enabled and require_backward_grad_sync).
+        self.require_forward_param_sync = True
+        # torch's reducer "expects autograd hooks" from a synchronising forward until
+        # the end of the backward that synchronised: a no_grad or no_sync forward in
+        # between does not disarm it.
         self._sync_backward = False
         with torch.no_grad():  # every replica starts from the group's rank 0 weights
             for tensor in [*module.parameters(), *module.buffers()]:
@@ -69,14 +76,24 @@ class _DataParallel(nn.Module):
 
     def forward(self, *args, **kwargs):
         self._before_forward()
-        self._sync_backward = torch.is_grad_enabled() and self.require_backward_grad_sync
-        if self.broadcast_buffers and self.world > 1:
-            # as torch (broadcast_buffers=True): rank 0's buffers, e.g. BatchNorm's
-            # running statistics, overwrite everyone's before every forward
-            with torch.no_grad():
-                for buffer in self.module.buffers():
-                    dist.broadcast(buffer, group=self.process_group, group_src=0)
-        return self.module(*args, **kwargs)
+        if self.require_forward_param_sync and self.broadcast_buffers and self.world > 1:
+            self._broadcast_buffers()
+        output = self.module(*args, **kwargs)
+        # torch decides both after the module's forward (its _post_forward)
+        synchronising = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if synchronising:
+            self._sync_backward = True
+        self.require_forward_param_sync = synchronising
+        return output
+
+    def _broadcast_buffers(self):
+        """Rank 0's buffers (BatchNorm's running statistics) overwrite everyone's, as
+        torch's DDP does with broadcast_buffers=True. torch does it only at a forward
+        that follows a synchronising training forward (and at the first): after a
+        no_sync() or no_grad forward the buffers stay as each rank left them."""
+        with torch.no_grad():
+            for buffer in self.module.buffers():
+                dist.broadcast(buffer, group=self.process_group, group_src=0)
 
     @contextmanager
     def no_sync(self):
@@ -110,8 +127,8 @@ class NaiveDDP(_DataParallel):
             self._register(p, self._hook)
 
     def _before_forward(self):
-        # a backward that raised never reached its end-of-backward callback
-        self._queued = False
+        if self._queued:  # a backward that raised never reached its end-of-backward callback
+            self._queued = self._sync_backward = False
 
     def _hook(self, param):
         if self._sync_backward and not self._queued:

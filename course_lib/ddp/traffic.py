@@ -5,26 +5,33 @@ output per step:
 
 - DP (one process; GPU 0 is the hub) moves through GPU 0: the batch scattered
   ((K-1)/K B out), the weights replicated ((K-1) P out), the outputs gathered
-  ((K-1)/K O in) and the gradients reduced ((K-1) P in): about 2(K-1)P, growing
-  with K, all through one device.
+  ((K-1)/K O in), the outputs' gradients scattered back in backward ((K-1)/K O
+  out) and the gradients reduced ((K-1) P in): about 2(K-1)P, growing with K,
+  all through one device.
 - DDP (one process per device, ring all-reduce) sends 2(K-1)/K P per rank and
   receives as much, whatever K: the load is spread evenly over all links.
 
-:func:`measured_ddp_step` counts what our DDP with the ring all-reduce of Lab 01
-really sends in one step (``comm.counting()``), to compare with the formula.
+Both are measured, not only computed: :func:`measured_dp_step` counts rank 0's
+bytes in one step of :func:`course_lib.ddp.dp.dp_step` (DataParallel played on
+ranks) and :func:`measured_ddp_step` what our DDP with course_lib's ring
+all-reduce sends in one step (``comm.counting()``).
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib import comm
 
 
-def dp_bytes_through_device0(param_bytes, batch_bytes, output_bytes, k):
-    """{"sent": ..., "received": ...} bytes of GPU 0 in one DataParallel step."""
+def dp_bytes_through_device0(param_bytes, batch_bytes, output_bytes, k, buffer_bytes=0):
+    """{"sent": ..., "received": ...} bytes of GPU 0 in one DataParallel step
+    (the batch's rows divisible by ``k``). Buffers (BatchNorm's statistics) are
+    replicated with the weights but have no gradient to reduce."""
     share = (k - 1) / k
-    return {"sent": share * batch_bytes + (k - 1) * param_bytes,
+    return {"sent": share * batch_bytes + (k - 1) * (param_bytes + buffer_bytes)
+                    + share * output_bytes,
             "received": share * output_bytes + (k - 1) * param_bytes}
 
 
@@ -35,7 +42,7 @@ def ddp_bytes_per_rank(param_bytes, k):
 
 
 def measured_ddp_step(model, x, y, bucket_cap_mb=None):
-    """One step of our DDP with Lab 01's ring all-reduce on ``model``, counted:
+    """One step of our DDP with course_lib's ring all-reduce on ``model``, counted:
     {"sent": bytes, "received": bytes, "param_bytes": P} on this rank."""
     from course_lib.ddp.bucketed import DDP
 
@@ -50,6 +57,29 @@ def measured_ddp_step(model, x, y, bucket_cap_mb=None):
     return {"sent": stats.sent_bytes, "received": stats.recv_bytes, "param_bytes": param_bytes}
 
 
+def measured_dp_step(model, x, y, loss_fn=F.mse_loss):
+    """One DataParallel step (:func:`course_lib.ddp.dp.dp_step`) counted on this
+    rank: {"sent", "received", "phases": {phase: {"sent", "received"}}, and the
+    sizes the formula takes: "param_bytes", "buffer_bytes", "batch_bytes",
+    "output_bytes"}. Rank 0 is DataParallel's device 0."""
+    from course_lib.ddp.dp import dp_step
+
+    phases = {}
+    dp_step(model, x, y, loss_fn, phases=phases)  # every message it sends is in a phase
+    with_grad = [p for p in model.parameters() if p.requires_grad]
+    training = model.training
+    with torch.no_grad():  # one row, in eval mode (BatchNorm), gives the output's row size
+        out_rows = model.eval()(x[:1])
+    model.train(training)
+    dist.barrier()
+    return {"sent": sum(v["sent"] for v in phases.values()),
+            "received": sum(v["received"] for v in phases.values()), "phases": phases,
+            "param_bytes": sum(p.numel() * p.element_size() for p in with_grad),
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+            "batch_bytes": x.numel() * x.element_size(),
+            "output_bytes": out_rows.numel() * out_rows.element_size() * x.shape[0]}
+
+
 def traffic_table(param_bytes, batch_bytes, output_bytes, ks=(2, 4, 8, 16)):
     """Rows (K, DP GPU 0 sent+received, DDP per rank sent+received), in bytes."""
     rows = []
@@ -60,5 +90,5 @@ def traffic_table(param_bytes, batch_bytes, output_bytes, ks=(2, 4, 8, 16)):
     return rows
 
 
-__all__ = ["dp_bytes_through_device0", "ddp_bytes_per_rank", "measured_ddp_step",
-           "traffic_table"]
+__all__ = ["dp_bytes_through_device0", "ddp_bytes_per_rank", "measured_dp_step",
+           "measured_ddp_step", "traffic_table"]

@@ -40,12 +40,52 @@ def check_ping_pong(ping_pong, world_sizes=(2, 3), iters=3, numel=1001):
                 checks.expect_close(ex, echo, payload, rank=0, world_size=n,
                                     what="the echoed payload",
                                     hint="rank 1 must send back exactly what it received")
-                checks.expect_equal(ex, len(times), iters, rank=0, world_size=n,
-                                    what="number of round-trip times")
-                if not all(t > 0 for t in times):
-                    raise checks.CheckFailed(f"{ex}: round-trip times must be positive "
-                                             f"seconds, got {times}")
+                _check_round_trip_times(ex, times, iters, n)
     checks.passed(ex, f"world sizes {list(world_sizes)}, {iters} round trips of {nbytes} B")
+
+
+def _check_round_trip_times(ex, times, iters, n):
+    """Rank 0's ``times``: one positive duration in seconds per iteration."""
+    where = f"{ex}: rank 0 of world size {n}, the round-trip times"
+    if not isinstance(times, (list, tuple)):
+        raise checks.CheckFailed(
+            f"{where}: expected a list of {iters} floats, got {type(times).__name__}.\nHint: "
+            f"return (buf, times) with times a list holding one duration per iteration.",
+            exercise=ex)
+    if len(times) != iters:
+        if len(times) == 1 and iters > 1:
+            why = ("one time for all iterations: is the clock read around the whole loop "
+                   "instead of inside it?")
+        elif len(times) == 0:
+            why = "no time at all: does rank 0 append to `times`?"
+        elif len(times) == 2 * iters:
+            why = "two per iteration: append once, after the echo has come back"
+        else:
+            why = "append exactly one duration per iteration, on rank 0"
+        raise checks.CheckFailed(f"{where}: expected {iters} of them, got {len(times)}."
+                                 f"\nHint: {why}", exercise=ex)
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
+        kinds = sorted({type(t).__name__ for t in times})
+        raise checks.CheckFailed(
+            f"{where}: expected floats (seconds), got {', '.join(kinds)}.\nHint: store "
+            f"time.perf_counter() - start, a float, not a tensor or the raw clock reading.",
+            exercise=ex)
+    if all(t < 0 for t in times):
+        hint = ("every time is negative: subtract the start from the end, "
+                "time.perf_counter() - start, not the other way round.")
+    elif any(t == 0 for t in times):
+        hint = ("a time of exactly 0 means nothing happened between the two clock readings: "
+                "read the clock once before comm.send and once after comm.recv returns.")
+    elif any(t < 0 for t in times):
+        hint = ("some times are negative: read `start` anew at the top of every iteration, "
+                "before the send, and subtract it from the clock after the receive.")
+    elif any(t > 3600 for t in times):
+        hint = ("a round trip of hours is a clock reading, not a duration: append "
+                "time.perf_counter() - start, with start read just before the send.")
+    else:
+        return
+    raise checks.CheckFailed(f"{where} must be positive durations in seconds, got {times}."
+                             f"\nHint: {hint}", exercise=ex)
 
 
 def check_token_ring(token_ring, world_sizes=(2, 3), numel=7):

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import comm
-from course_lib.collectives.reduce_ops import combine
+from course_lib.collectives.reduce_ops import chunk_bounds, combine
 from course_lib.grading import checks
 from course_lib.grading.message_order import message_order, received_before_each_send
 from course_lib.runtime.backend import builtin_all_gather, builtin_reduce_scatter
@@ -380,13 +380,69 @@ def _broadcast_job(fn, cases):
     rank = dist.get_rank()
     out = []
     for i, (numel, src, segments) in enumerate(cases):
-        x = torch.arange(numel, dtype=torch.float32) + 1000 * rank
+        x = _broadcast_input(rank, numel)
         want = x.clone()
         dist.broadcast(want, src)
         with comm.counting() as stats, message_order() as events:
             fn(x, src, segments)
         out.append((x, want, stats.as_dict(), events))
     return out
+
+
+def _broadcast_input(rank, numel):
+    """What rank ``rank`` holds before the broadcast (as in ``_broadcast_job``)."""
+    return torch.arange(numel, dtype=torch.float32) + 1000 * rank
+
+
+def _diagnose_broadcast(got, numel, src, seg, rank, n):
+    """Say what each segment of a wrong broadcast result holds, and what that points to."""
+    bounds = [b for b in chunk_bounds(numel, seg) if b[1] > b[0]]
+    if not isinstance(got, torch.Tensor) or got.shape != (numel,):
+        return ("broadcast in place: write every segment into `tensor` itself (through "
+                "views such as tensor[lo:hi]) and return it.")
+    inputs = [_broadcast_input(q, numel) for q in range(n)]
+    own, missing, foreign, moved = [], [], [], []
+    for j, (lo, hi) in enumerate(bounds):
+        piece = got[lo:hi]
+        if _same(piece, inputs[src][lo:hi]):
+            continue
+        if rank != src and _same(piece, inputs[rank][lo:hi]):
+            own.append(j)
+            continue
+        others = [q for q in range(n) if q not in (src, rank) and _same(piece, inputs[q][lo:hi])]
+        if others:
+            foreign.append((j, others[0]))
+            continue
+        sources = [i for i, (a, b) in enumerate(bounds)
+                   if b - a == hi - lo and _same(piece, inputs[src][a:b])]
+        if sources:
+            moved.append((j, sources[0]))
+        else:
+            missing.append(j)
+    pos = (rank - src) % n
+    if own and len(own) == len(bounds):
+        return ("every segment still holds this rank's own values, so nothing was received "
+                "into `tensor`: receive straight into segment(j), a view of `tensor` (a "
+                "scratch buffer that is only forwarded never reaches `tensor`).")
+    if own and own == list(range(len(bounds) - len(own), len(bounds))):
+        return (f"segment(s) {own} never arrived at this rank (position {pos} of the chain): "
+                f"the last segments need more steps. Segment S-1 leaves the source at step "
+                f"S-1 and needs K-1 hops: S+K-2 steps in all.")
+    if own:
+        return (f"segment(s) {own} never arrived at this rank (position {pos} of the chain); "
+                f"each rank but the source must receive every segment once, from its left.")
+    if foreign:
+        j, q = foreign[0]
+        return (f"segment {j} holds rank {q}'s original values, not the source's: a rank "
+                f"forwarded its own data before it had received that segment. At step t "
+                f"forward only the segment that arrived at step t-1.")
+    if moved:
+        j, k = moved[0]
+        return (f"segment {j} holds the source's segment {k}: the segment a rank receives and "
+                f"the place it writes it (or sends it from) do not match. Work out which "
+                f"segment the rank at `pos` sends and receives at step t.")
+    return (f"segment(s) {missing} match no rank's values: was a segment written while it was "
+            "still being sent, or sent from a buffer that is reused?")
 
 
 def _expect_pipelined(ex, events, *, rank, n, src, seg, pos):
@@ -421,11 +477,17 @@ def check_pipelined_broadcast(fn, world_sizes=(1, 2, 3, 4), sizes=(1, 10, 1001))
                  for src in sorted({0, n - 1}) for seg in (4, 1)]
         outs = checks.launch(ex, _broadcast_job, fn, cases, nproc=n)
         for (numel, src, seg), per_rank in zip(cases, zip(*outs)):
+            # values on every rank first: a wrong value says more about the mistake
+            # than the message counts it causes on another rank
+            for rank, (got, want, _, _) in enumerate(per_rank):
+                def hint():
+                    return _diagnose_broadcast(got, numel, src, seg, rank, n)
+
+                _expect_values(ex, got, want, rank=rank, n=n, hint=hint,
+                               what=f"the tensor after broadcasting {numel} elements from "
+                                    f"rank {src} in {seg} segment(s) (before it, rank i "
+                                    f"held 1000i + j)")
             for rank, (got, want, stats, events) in enumerate(per_rank):
-                checks.expect_close(ex, got, want, rank=rank, world_size=n,
-                                    what=f"the tensor after broadcasting {numel} elements from "
-                                         f"rank {src} in {seg} segment(s) (before it, rank i "
-                                         f"held 1000i + j)")
                 pos = (rank - src) % n
                 if n > 1:
                     _expect_peers(ex, stats, rank=rank, n=n, hint=peer_hint,

@@ -1,5 +1,7 @@
 """Lab 00's reference patterns pass Lab 00's checks; broken versions fail them
 with the message a student would need."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -85,3 +87,54 @@ def test_broken_solutions_fail_with_actionable_messages():
         lab00.check_ring_shift(shift_twice, world_sizes=(2,))
     with pytest.raises(checks.CheckFailed, match="did not finish"):
         lab00.check_ring_shift(shift_send_first, world_sizes=(3,), timeout=6)
+
+
+def timed_once_around_the_loop(payload, iters):
+    """Right messages, but one time for the whole loop."""
+    rank, buf = dist.get_rank(), torch.empty_like(payload)
+    start = time.perf_counter()
+    for _ in range(iters):
+        if rank == 0:
+            comm.send(payload, 1)
+            comm.recv(buf, 1)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            comm.send(buf, 0)
+    return (buf if rank < 2 else None), ([time.perf_counter() - start] if rank == 0 else [])
+
+
+def timed_backwards(payload, iters):
+    """Right messages, one time per round trip, start minus end."""
+    rank, buf, times = dist.get_rank(), torch.empty_like(payload), []
+    for _ in range(iters):
+        if rank == 0:
+            start = time.perf_counter()
+            comm.send(payload, 1)
+            comm.recv(buf, 1)
+            times.append(start - time.perf_counter())
+        elif rank == 1:
+            comm.recv(buf, 0)
+            comm.send(buf, 0)
+    return (buf if rank < 2 else None), times
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (timed_once_around_the_loop, r"(?s)expected 3 of them, got 1\..*Hint: one time for all "
+                                 r"iterations: is the clock read around the whole loop"),
+    (timed_backwards, r"(?s)must be positive durations.*Hint: every time is negative: "
+                      r"subtract the start from the end"),
+])
+def test_ping_pong_timing_mistakes_are_named(wrong, fragment):
+    with pytest.raises(checks.CheckFailed, match=fragment):
+        lab00.check_ping_pong(wrong, world_sizes=(2,))
+
+
+def test_stubs_say_which_exercise_is_missing():
+    def stub(*args):
+        raise NotImplementedError
+
+    for check, ex in ((lab00.check_ping_pong, "0.1"), (lab00.check_token_ring, "0.2"),
+                      (lab00.check_ring_shift, "0.3")):
+        with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
+            check(stub, world_sizes=(2,))
+        assert checks.outcome(f"Exercise {ex}") == "failed"

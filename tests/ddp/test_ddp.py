@@ -181,7 +181,9 @@ def test_ddp_on_a_sub_group_averages_over_that_group_only(kind):
 
 def sync_decided_at_forward(kind):
     """The forward decides, as in torch: a graph built inside no_sync() does not
-    synchronise even if its backward runs outside, and the other way round."""
+    synchronise even if its backward runs outside, and the other way round; a
+    no_grad forward between a forward and its backward (an evaluation) changes
+    nothing: torch's reducer stays armed until the synchronised backward ends."""
     from torch.nn.parallel import DistributedDataParallel
 
     rank = dist.get_rank()
@@ -190,16 +192,21 @@ def sync_decided_at_forward(kind):
             "naive": NaiveDDP, "flat": FlatDDP,
             "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind]
     grads = []
-    for forward_in_no_sync in (True, False):
+    for case in ("forward in no_sync", "backward in no_sync", "no_grad forward between"):
         model = wrap(deep_mlp(width=8, depth=1, inputs=5, outputs=3, seed=1))
-        if forward_in_no_sync:
+        if case == "forward in no_sync":
             with model.no_sync():
                 loss = model(x).sum()
             loss.backward()
-        else:
+        elif case == "backward in no_sync":
             loss = model(x).sum()
             with model.no_sync():
                 loss.backward()
+        else:
+            loss = model(x).sum()
+            with torch.no_grad():
+                model(x)
+            loss.backward()
         grads.append(next(model.parameters()).grad.clone())
     flag = model.require_backward_grad_sync
     return grads, flag
@@ -208,14 +215,17 @@ def sync_decided_at_forward(kind):
 def test_no_sync_is_decided_at_forward_as_in_torch():
     outs = {kind: run(sync_decided_at_forward, kind, nproc=2, timeout=120)
             for kind in ("torch", "naive", "flat", "bucketed")}
-    torch_grads = outs["torch"]
-    local, synced = [g[0][0] for g in torch_grads], [g[0][1] for g in torch_grads]
+    torch_grads = [g for g, _ in outs["torch"]]
+    local, synced = [g[0] for g in torch_grads], [g[1] for g in torch_grads]
     assert not torch.equal(local[0], local[1]) and torch.allclose(synced[0], synced[1])
+    assert torch.allclose(torch_grads[0][2], synced[0])  # the no_grad forward did not disarm
     for kind in ("naive", "flat", "bucketed"):
         for rank in range(2):
-            (ours_local, ours_synced), flag = outs[kind][rank]
+            (ours_local, ours_synced, ours_eval_between), flag = outs[kind][rank]
             torch.testing.assert_close(ours_local, local[rank], rtol=1e-6, atol=1e-7)
             torch.testing.assert_close(ours_synced, synced[rank], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(ours_eval_between, torch_grads[rank][2],
+                                       rtol=1e-5, atol=1e-6)
             assert flag is True
 
 
@@ -238,7 +248,7 @@ def batchnorm_steps(kind):
     return bn.running_mean.clone(), bn.running_var.clone(), net[0].weight.detach().clone()
 
 
-def test_buffers_follow_rank_0_at_every_forward_as_in_torch():
+def test_buffers_follow_rank_0_in_plain_training_as_in_torch():
     reference = run(batchnorm_steps, "torch", nproc=2, timeout=120)
     assert not torch.allclose(reference[0][0], reference[1][0])  # each rank's last batch differs
     for kind in ("naive", "bucketed"):
@@ -269,3 +279,42 @@ def test_wrapping_a_module_again_replaces_the_hooks():
         assert hooks == [1] * len(hooks)
         for got, param in zip(grads, net.parameters()):
             torch.testing.assert_close(got, param.grad, rtol=1e-5, atol=1e-6)
+
+
+def hooks_removed(kind):
+    rank = dist.get_rank()
+    net = deep_mlp(width=8, depth=1, inputs=5, outputs=3, seed=2)
+    model = {"naive": NaiveDDP, "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind](net)
+    model.remove_hooks()
+    model.remove_hooks()  # a second call finds nothing left to remove
+    hooks = [len(p._post_accumulate_grad_hooks or {}) for p in net.parameters()]
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))
+    model(x).pow(2).mean().backward()
+    return hooks, [p.grad.clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("kind", ["naive", "bucketed"])
+def test_remove_hooks_leaves_plain_local_gradients(kind):
+    for rank, (hooks, grads) in enumerate(run(hooks_removed, kind, nproc=2, timeout=120)):
+        assert hooks == [0] * len(hooks)
+        # nothing averaged: exactly this rank's own gradient
+        net = deep_mlp(width=8, depth=1, inputs=5, outputs=3, seed=2)
+        net(torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))).pow(2).mean().backward()
+        for got, param in zip(grads, net.parameters()):
+            torch.testing.assert_close(got, param.grad, rtol=1e-6, atol=1e-7)
+
+
+def layer_per_bucket(overlap):
+    cap = (lab02.WIDTH * lab02.WIDTH + lab02.WIDTH) * 4 / 2**20
+    return lambda m: DDP(m, bucket_cap_mb=cap, first_bucket_mb=cap, overlap=overlap)
+
+
+def test_ddp_without_overlap_equals_one_process_and_launches_at_the_end():
+    outs = run(lab02._train, layer_per_bucket(False), kind="use_order", nproc=3, timeout=120)
+    lab02._grade_training("DDP overlap=False", outs, 3, "", kind="use_order")
+    for out in outs:
+        assert out["buckets"] == 4 and out["launched"] == [0, 1, 2, 3]
+        assert set(out["hooks_seen"]) == {0}  # no bucket left before backward ended
+    # the same DDP with overlap launches buckets while gradient hooks still run
+    overlapped = run(lab02._train, layer_per_bucket(True), kind="use_order", nproc=3, timeout=120)
+    assert all(max(out["hooks_seen"]) > 0 for out in overlapped)

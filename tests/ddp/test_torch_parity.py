@@ -1,6 +1,7 @@
 """Our DDP against torch's DistributedDataParallel, trained side by side in one
 job on the same model and data: buckets, unused parameters, mixed dtypes, an
-exception in the middle of backward, communication hooks."""
+exception in the middle of backward, communication hooks, buffers under gradient
+accumulation."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from conftest import ship_by_value
 from course_lib import run
-from course_lib.ddp import DDP, FlatDDP, comm_hooks
+from course_lib.ddp import DDP, FlatDDP, NaiveDDP, comm_hooks
 from course_lib.models import UseOrderMLP, deep_mlp
 
 ship_by_value(__name__)
@@ -181,7 +182,8 @@ class Fragile(nn.Module):
 def recovery_steps(kind, steps=3):
     torch.manual_seed(0)
     net = Fragile()
-    model = {"naive": FlatDDP, "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind](net)
+    model = {"naive": NaiveDDP, "flat": FlatDDP,
+             "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind](net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     x, _ = _batch(dist.get_rank(), width=8)
     errors = []
@@ -197,7 +199,7 @@ def recovery_steps(kind, steps=3):
     return errors, [p.grad.clone() for p in net.parameters()], [p.detach().clone() for p in net.parameters()]
 
 
-@pytest.mark.parametrize("kind", ["naive", "bucketed"])
+@pytest.mark.parametrize("kind", ["naive", "flat", "bucketed"])
 def test_an_exception_in_backward_does_not_poison_the_next_step(kind):
     # torch's own DDP does not survive this one: its next forward raises "Expected
     # to have finished reduction in the prior iteration". The reference is one
@@ -265,3 +267,54 @@ def test_comm_hooks_as_in_torch(hook):
         if hook == "bf16":  # the averaged gradients went through bf16: exactly representable
             for g in grads:
                 assert torch.equal(g, g.to(torch.bfloat16).float())
+
+
+def batchnorm_accumulation(kind, how, steps=3, micro_batches=2):
+    """BatchNorm model, each step accumulated over micro-batches (with no_sync(), or
+    nanoGPT's way: the attribute set before each forward), and after step 1 a
+    forward under no_grad with the model left in train mode, which still updates
+    the running statistics. Returns the buffers, gradients and weights."""
+    import contextlib
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+    model = {"torch": DistributedDataParallel, "naive": NaiveDDP, "flat": FlatDDP,
+             "bucketed": lambda m: DDP(m, bucket_cap_mb=1e-4)}[kind](net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(10 + rank)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(micro_batches):
+            last = micro == micro_batches - 1
+            # ranks see differently scaled data, so their running statistics part
+            x = torch.randn(8, 5, generator=gen) * (rank + 1) + rank
+            if how == "attribute":
+                model.require_backward_grad_sync = last
+                context = contextlib.nullcontext()
+            else:
+                context = contextlib.nullcontext() if last else model.no_sync()
+            with context:
+                loss = model(x).pow(2).mean() / micro_batches
+            loss.backward()
+        opt.step()
+        if step == 1:
+            with torch.no_grad():
+                model(torch.randn(8, 5, generator=gen) * (rank + 2))
+    bn = net[1]
+    return ([b.clone() for b in (bn.running_mean, bn.running_var, bn.num_batches_tracked)],
+            [p.grad.clone() for p in net.parameters()], [p.detach().clone() for p in net.parameters()])
+
+
+@pytest.mark.parametrize("how", ["no_sync", "attribute"])
+def test_buffers_are_broadcast_when_torch_broadcasts_them(how):
+    # torch broadcasts rank 0's buffers at a forward only when the forward before
+    # it synchronised (grad enabled, require_backward_grad_sync): not after a
+    # no_sync() micro-step, nor after a no_grad forward
+    reference = run(batchnorm_accumulation, "torch", how, nproc=2, timeout=120)
+    assert not torch.allclose(reference[0][0][0], reference[1][0][0])  # the ranks' statistics differ
+    for kind in ("naive", "flat", "bucketed"):
+        ours = run(batchnorm_accumulation, kind, how, nproc=2, timeout=120)
+        for rank in range(2):
+            for got, want in zip(*(sum(out[rank], []) for out in (ours, reference))):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

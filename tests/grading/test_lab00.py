@@ -21,7 +21,14 @@ def mismatched_collectives():
     return x.sum().item()
 
 
+def ready():
+    return dist.get_rank()
+
+
 def test_mismatched_collectives_hang_on_gloo_and_the_stacks_show_both_calls():
+    # start the ranks first: on a busy machine a cold start alone can outlast the
+    # short timeout, and then no rank has reached a collective to show in its stack
+    assert run(ready, nproc=2, backend="gloo", timeout=120) == [0, 1]
     with pytest.raises(LaunchTimeout) as info:
         run(mismatched_collectives, nproc=2, backend="gloo", timeout=8)
     stacks = info.value.stacks

@@ -324,6 +324,54 @@ def test_unsegmented_broadcast_is_caught_by_its_message_count():
         lab01.check_pipelined_broadcast(broadcast_without_pipelining, world_sizes=(2,))
 
 
+def broadcast_too_few_steps(tensor, src, segments):
+    """Pipelined, but the loop stops one step early: the last segment never reaches
+    the end of the chain."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bounds = [b for b in C.chunk_bounds(tensor.numel(), segments) if b[1] > b[0]]
+    pos = (rank - src) % world
+    for step in range(len(bounds) + world - 3):
+        send_j, recv_j = step - pos, step - pos + 1
+        sends = ([(tensor[slice(*bounds[send_j])], (rank + 1) % world)]
+                 if pos < world - 1 and 0 <= send_j < len(bounds) else [])
+        recvs = ([(tensor[slice(*bounds[recv_j])], (rank - 1) % world)]
+                 if pos > 0 and 0 <= recv_j < len(bounds) else [])
+        comm.exchange(sends, recvs)
+    return tensor
+
+
+def broadcast_into_scratch(tensor, src, segments):
+    """Pipelined, but each segment is received into a scratch buffer that is
+    forwarded and never copied into ``tensor``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bounds = [b for b in C.chunk_bounds(tensor.numel(), segments) if b[1] > b[0]]
+    pos = (rank - src) % world
+    arrived = {j: tensor[slice(*b)] for j, b in enumerate(bounds)} if pos == 0 else {}
+    for step in range(len(bounds) + world - 2):
+        send_j, recv_j = step - pos, step - pos + 1
+        sends = ([(arrived[send_j], (rank + 1) % world)]
+                 if pos < world - 1 and 0 <= send_j < len(bounds) else [])
+        recvs = []
+        if pos > 0 and 0 <= recv_j < len(bounds):
+            lo, hi = bounds[recv_j]
+            arrived[recv_j] = torch.empty(hi - lo)
+            recvs = [(arrived[recv_j], (rank - 1) % world)]
+        comm.exchange(sends, recvs)
+    return tensor
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (broadcast_too_few_steps, r"(?s)rank 2 of world size 3, the tensor after broadcasting.*"
+                              r"Hint: segment\(s\) \[3\] never arrived at this rank \(position 2.*"
+                              r"S\+K-2 steps in all"),
+    (broadcast_into_scratch, r"(?s)rank 1 of world size 3, the tensor.*Hint: every segment "
+                             r"still holds this rank's own values"),
+])
+def test_pipelined_broadcast_wrong_values_get_a_hint(wrong, fragment):
+    with pytest.raises(checks.CheckFailed, match=fragment):
+        lab01.check_pipelined_broadcast(wrong, world_sizes=(3,))
+
+
 def test_message_order_records_posted_sends_and_seen_receives():
     assert message_order.received_before_each_send(["recv", "send", "recv", "send"]) == [1, 2]
     assert message_order.received_before_each_send(["recv", "recv", "send", "send"]) == [2, 2]

@@ -43,6 +43,72 @@ def test_average_gradients_names_the_mistake(wrong, fragment):
         lab02.check_average_gradients(wrong, world_sizes=(2,))
 
 
+# ---- Exercise 2.2 -------------------------------------------------------------------
+def _walk(order, closes):
+    """A bucket plan walking ``order``; ``closes(filled, size, cap)`` says whether
+    the open bucket closes (after adding) or, with "before", before adding."""
+    def assign(sizes, cap):
+        buckets, current, filled = [], [], 0
+        for index in order(len(sizes)):
+            if closes == "before" and current and filled + sizes[index] > cap:
+                buckets.append(current)
+                current, filled = [], 0
+            current.append(index)
+            filled += sizes[index]
+            if closes != "before" and closes(filled, cap):
+                buckets.append(current)
+                current, filled = [], 0
+        return buckets + ([current] if current else [])
+    return assign
+
+
+backwards = lambda n: reversed(range(n))  # noqa: E731
+buckets_right = _walk(backwards, lambda filled, cap: filled >= cap)
+buckets_forward_order = _walk(range, lambda filled, cap: filled >= cap)
+buckets_never_over_the_cap = _walk(backwards, "before")
+buckets_strictly_over_the_cap = _walk(backwards, lambda filled, cap: filled > cap)
+
+
+def buckets_dropping_the_rest(sizes, cap):
+    buckets = buckets_right(sizes, cap)
+    if buckets and sum(sizes[i] for i in buckets[-1]) < cap:
+        buckets.pop()  # what is left after the walk never gets a bucket
+    return buckets
+
+
+def test_assign_buckets_check_passes_the_solution(capsys):
+    lab02.check_assign_buckets(buckets_right)
+    assert "✓ Exercise 2.2 passed" in capsys.readouterr().out
+    lab02.check_assign_buckets(assign_buckets)  # the library's, with its defaults
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (buckets_forward_order, r"returned \[\[0, 1\], \[2, 3\]\]: the buckets list the parameters "
+                            r"first to last, in forward order\.\nHint: .*from last to first"),
+    (buckets_never_over_the_cap, r"(?s)bucket 0 \[2\] was closed holding 10 bytes, under the cap "
+                                 r"of 50.*do not start a new bucket to stay under it"),
+    (buckets_strictly_over_the_cap, r"(?s)bucket 0 \[3, 2, 1\] already held 80 bytes \(cap 80\) "
+                                    r"before parameter 1 went in.*the test is >=, not >"),
+    (buckets_dropping_the_rest, r"parameter\(s\) \[0\] are in no bucket\.\nHint: the last "
+                                r"bucket takes whatever is left"),
+])
+def test_assign_buckets_check_names_the_mistake(wrong, fragment):
+    with pytest.raises(checks.CheckFailed, match=fragment):
+        lab02.check_assign_buckets(wrong)
+    assert checks.outcome("Exercise 2.2") == "failed"
+
+
+def test_assign_buckets_random_trials_name_the_mistake_too():
+    # right on the hand-checked cases, wrong on some random one: over the cap when
+    # a bucket reaches it exactly, but only for caps above 100
+    def sloppy(sizes, cap):
+        return (buckets_strictly_over_the_cap if cap > 100 else buckets_right)(sizes, cap)
+
+    with pytest.raises(checks.CheckFailed, match=r"(?s)cap_bytes=\d{3}\) returned .*already "
+                                                 r"held \d+ bytes.*before parameter"):
+        lab02.check_assign_buckets(sloppy)
+
+
 # ---- Exercise 2.3 -------------------------------------------------------------------
 class StudentDDP(nn.Module):
     """The notebook's BucketedDDP; ``launch_policy`` picks the hook's body."""
@@ -184,6 +250,20 @@ def hook_returns_bf16(process_group, bucket):
     return dist.all_reduce(compressed, async_op=True).get_future()
 
 
+_stale = {}
+
+
+def hook_reusing_its_first_buffer(process_group, bucket):
+    """Right on one bucket; keeps each bucket's first compressed copy "to save an
+    allocation" and never refreshes it, so later steps average stale gradients."""
+    buffer = bucket.buffer()
+    key = (bucket.index(), buffer.numel())  # DDP rebuilds its buckets after step 1
+    if key not in _stale:
+        _stale[key] = buffer.to(torch.bfloat16).div_(dist.get_world_size(process_group))
+    fut = dist.all_reduce(_stale[key].clone(), group=process_group, async_op=True).get_future()
+    return fut.then(lambda f: buffer.copy_(f.value()[0]))
+
+
 def test_bf16_hook_check_passes_the_solution(capsys):
     lab02.check_bf16_hook(hook_right, world_sizes=(1, 3))
     assert "✓ Exercise 2.5 passed" in capsys.readouterr().out
@@ -199,10 +279,23 @@ def test_bf16_hook_check_names_the_mistake(wrong, fragment):
         lab02.check_bf16_hook(wrong, world_sizes=(2,))
 
 
+def test_bf16_hook_that_keeps_state_fails_in_training():
+    with pytest.raises(checks.CheckFailed, match=r"(?s)at step 3 of 3, the averaged gradients of parameter\(s\) .*"
+                                                 r"differ.*Hint: step 1 agreed.*carries "
+                                                 r"something from one call to the next"):
+        lab02.check_bf16_hook(hook_reusing_its_first_buffer, world_sizes=(2,))
+
+
 def test_stubs_say_not_implemented():
     def stub(*args):
         raise NotImplementedError
 
+    with pytest.raises(NotImplementedError, match="Exercise 2.1 is not implemented"):
+        lab02.check_average_gradients(stub, world_sizes=(2,))
+    assert checks.outcome("Exercise 2.1") == "failed"
+    with pytest.raises(NotImplementedError, match="Exercise 2.3 is not implemented"):
+        lab02.check_bucketed_ddp(stub, world_sizes=(2,))
+    assert not checks.ready("Exercise 2.3")
     with pytest.raises(NotImplementedError, match="Exercise 2.2 is not implemented"):
         lab02.check_assign_buckets(stub)  # checked in this process, not on ranks
     assert checks.outcome("Exercise 2.2") == "failed"
