@@ -4,6 +4,8 @@
     python -m course_lib.bench collectives --nproc 4 --sizes 4K:64M --json out.json
     python -m course_lib.bench ddp --nproc 2 --bucket-mb 25 --sweep 1,4,16,64
     python -m course_lib.bench fsdp --nproc 2 --dim 128 --layers 4
+    python -m course_lib.bench pipeline --nproc 2 --json out.json
+    python -m course_lib.bench tp --nproc 2 --dim 256 --heads 8   # ours vs torch DTensor vs t=1
 
 Timings vary run to run (+-30% on a small CPU machine): the tables report
 medians, and comparisons are ratios measured side by side in one job.
@@ -53,7 +55,48 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=None)
+    p = sub.add_parser("tp", help="a tensor-parallel block: ours vs torch DTensor vs t=1")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", default=None)
+    p = sub.add_parser("pipeline", help="naive MP, GPipe, 1F1B: ours vs torch.distributed.pipelining")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=2, help="Linear+ReLU layers per stage")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--m", type=int, default=None, help="microbatches (default 2 * nproc)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--t-f", type=float, default=0.01, help="fixed-time stages: forward seconds")
+    p.add_argument("--t-b", type=float, default=0.02, help="fixed-time stages: backward seconds")
+    p.add_argument("--json", default=None)
     ns = parser.parse_args(argv)
+    if ns.what == "pipeline":
+        from course_lib.bench import pipeline as bp
+        from course_lib.runtime.launcher import run
+
+        if ns.nproc < 2:
+            parser.error("a pipeline needs --nproc >= 2 (one stage per rank)")
+        real = run(bp.measure_real, width=ns.width, depth=ns.depth, batch=ns.batch, m=ns.m,
+                   rounds=ns.rounds, nproc=ns.nproc, backend=ns.backend, timeout=3600)[0]
+        print(bp.format_real(real, ns.nproc))
+        bubbles = bp.bubble_table(ns.nproc, ns.backend, ns.t_f, ns.t_b)
+        print(bp.format_bubbles(bubbles, ns.nproc, ns.t_f, ns.t_b))
+        result = {"nproc": ns.nproc, "real": real, "bubbles": bubbles}
+    if ns.what == "tp":
+        from course_lib.bench import tp as bt
+        from course_lib.runtime.launcher import run
+
+        cfg = bt.config(dim=ns.dim, heads=ns.heads, seq_len=ns.seq)
+        result = run(bt.measure, cfg, batch=ns.batch, steps=ns.steps, rounds=ns.rounds,
+                     nproc=ns.nproc, backend=ns.backend, timeout=3600)[0]
+        print(bt.format_table(result, ns.nproc))
     if ns.what == "fsdp":
         from course_lib.bench import fsdp as bf
         from course_lib.runtime.launcher import run
