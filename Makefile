@@ -10,7 +10,7 @@ NPROC ?= 2
 SUBMISSIONS ?= submissions
 GRADEBOOK ?= gradebook.csv
 
-.PHONY: setup run test test-gpu lab labs grade bench clean
+.PHONY: setup run test test-gpu test-browser lab labs grade bench clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,15 @@ test: setup
 # NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
 test-gpu: setup
 	$(BIN)/python -m pytest tests/gpu -v -rs -p no:cacheprovider
+
+# JupyterLab in headless Chromium: Playwright drives Debian's chromium (installed here
+# when missing and we are root; the test skips, saying why, otherwise)
+test-browser: setup
+	$(BIN)/python -m pip install --quiet "playwright>=1.40"
+	@command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		else echo "chromium is missing and we are not root: the browser test will skip"; fi; }
+	$(BIN)/python -m pytest tests/browser -m browser -v -rs -p no:cacheprovider
 
 lab: setup
 	$(BIN)/jupyter lab labs/
