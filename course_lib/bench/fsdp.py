@@ -79,8 +79,9 @@ def measure(cfg=None, batch=8, steps=3, rounds=3, names=None):
     cfg = cfg or config()
     device = current_device()
     gen = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
-    y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
+    # drawn on the CPU (the generator's device) whatever the rank's default device is
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
+    y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
     chosen = {k: v for k, v in variants().items() if names is None or k in names}
     models, opts, result = {}, {}, {}
     for name, (wrap, make_opt) in chosen.items():
@@ -120,7 +121,7 @@ def traced_step(cfg=None, batch=8, prefetch=1, sharding="full", prefetch_plan=No
     cfg = cfg or config()
     device = current_device()
     gen = torch.Generator().manual_seed(dist.get_rank())
-    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen).to(device)
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
     model = FSDP(GPT(cfg, seed=0).to(device), units=by_type(Block), sharding=sharding,
                  prefetch=prefetch, prefetch_plan=prefetch_plan)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -129,3 +130,57 @@ def traced_step(cfg=None, batch=8, prefetch=1, sharding="full", prefetch_plan=No
     dist.barrier()
     _step(model, opt, x, x, cfg.vocab)
     return len(model.units)
+
+
+def compare_wraps(cfg=None, batch=4, policies=None):
+    """{policy name: {"units", "all_gathers" per step, "gathered_bytes" per step,
+    "peak_bytes" of a step}} on this rank for full sharding under each wrap policy
+    (one job, the same model and batch): smaller units, more collectives, a lower peak."""
+    from course_lib import comm
+    from course_lib.fsdp import by_size
+    from course_lib.memory.measure import peak_bytes
+
+    cfg = cfg or config()
+    device = current_device()
+    block = sum(p.numel() for p in Block(cfg).parameters())
+    policies = policies or {"by_type(Block)": by_type(Block), f"by_size({block // 2})":
+                            by_size(block // 2), "one unit (None)": None}
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
+    out = {}
+    for name, policy in policies.items():
+        model = FSDP(GPT(cfg, seed=0).to(device), units=policy, sharding="full")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        _step(model, opt, x, x, cfg.vocab)  # the first step learns the order
+        with comm.counting() as stats, peak_bytes(device) as peak:
+            _step(model, opt, x, x, cfg.vocab)
+        out[name] = {"units": len(model.units), "all_gathers": stats.collectives["all_gather"],
+                     "gathered_bytes": stats.collective_bytes["all_gather"],
+                     "peak_bytes": peak.peak}
+    return out
+
+
+def hybrid_step(cfg=None, batch=4):
+    """One step of HYBRID_SHARD on a (replicate=2, shard=world/2) mesh: this rank's
+    collective calls and bytes (all-gathers and reduce-scatters stay in its shard
+    group; the all-reduce of gradient shards crosses to the other replica)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from course_lib import comm
+
+    cfg = cfg or config()
+    world = dist.get_world_size()
+    if world % 2:
+        raise ValueError(f"a 2 x n mesh needs an even world size, got {world}")
+    device = current_device()
+    mesh = init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = FSDP(GPT(cfg, seed=0).to(device), units=by_type(Block), sharding="hybrid", mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
+    _step(model, opt, x, x, cfg.vocab)
+    with comm.counting() as stats:
+        _step(model, opt, x, x, cfg.vocab)
+    return {"calls": dict(stats.collectives), "bytes": dict(stats.collective_bytes),
+            "shard_group": dist.get_process_group_ranks(mesh.get_group("shard")),
+            "replicate_group": dist.get_process_group_ranks(mesh.get_group("replicate"))}

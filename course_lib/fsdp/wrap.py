@@ -11,9 +11,14 @@ the parameters it holds, the root ``""`` last, holding what no unit claimed::
 
 The lecture's OLMo policies in these terms: ``by_block`` is ``by_type(Block)``;
 ``size_based`` is ``by_size(100_000_000)`` (torch's default threshold);
-``by_block_group`` would be a policy on a module holding m blocks.
+``by_block_group`` would be a policy on a module holding m blocks; ``by_block_and_size``
+also makes the token embedding and the output layer units of their own (a short
+custom policy). Containers (``nn.ModuleList``, ``nn.ModuleDict``) never become units:
+their forward never runs, so nothing would gather them.
 """
 from __future__ import annotations
+
+import torch.nn as nn
 
 
 def by_type(*module_classes):
@@ -56,8 +61,11 @@ def plan_units(module, policy=None):
         for name, p in mod.named_parameters(recurse=False):
             if id(p) not in claimed:
                 pending.append((f"{prefix}{name}", p))
-        if policy is not None and prefix and pending and policy(mod, sum(p.numel() for _, p in
-                                                                      _unique(pending))):
+        # a container's forward never runs (its owner iterates it), so hooks on it would
+        # never gather its parameters: like torch's auto-wrap, never make one a unit
+        container = isinstance(mod, (nn.ModuleList, nn.ModuleDict))
+        if policy is not None and prefix and pending and not container and \
+                policy(mod, sum(p.numel() for _, p in _unique(pending))):
             unit = prefix[:-1]
             plan[unit] = _take(pending, claimed)
             return []

@@ -74,6 +74,18 @@ def activation_bytes(shape, batch, checkpointing=False):
     return 2 * n * b * t * d + (5 * b * t * d + b * h * t * t) + 2 * b * v * t + 2 * b * t * d
 
 
+def activation_bytes_megatron(shape, batch, flash=False):
+    """Korthikanti et al. (2022)'s count for a Megatron GPT layer, in 16-bit, with no
+    recomputation and no parallelism: each of the N layers keeps s b h (34 + 5 a s / h)
+    bytes (s = T, b = B, h = D, a = N_h). The 5 a s^2 b of it are the attention scores,
+    softmax and dropout mask; a fused attention kernel (FlashAttention, torch's
+    scaled_dot_product_attention, which the course's GPT calls) never stores them:
+    34 s b h per layer. Embeddings and logits are left out, as in the paper."""
+    v, d, t, n, h, b = shape.vocab, shape.dim, shape.seq_len, shape.layers, shape.heads, batch
+    per_layer = 34 * t * b * d + (0 if flash else 5 * h * t * t * b)
+    return n * per_layer
+
+
 def other_bytes(shape, batch):
     """Inputs and targets: 2BT."""
     return 2 * batch * shape.seq_len

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from conftest import ship_by_value
 from course_lib import comm, run
-from course_lib.fsdp import FSDP, by_type
+from course_lib.fsdp import FSDP, by_size, by_type
 from course_lib.models import GPT, Block, GPTConfig
 
 ship_by_value(__name__)
@@ -44,14 +44,14 @@ def single_process(world):
     return model.state_dict()
 
 
-def train(sharding, prefetch=1, hybrid=False, prefetch_plan=None):
+def train(sharding, prefetch=1, hybrid=False, prefetch_plan=None, units=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = None
     if hybrid:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    model = FSDP(_model(), units=by_type(Block), sharding=sharding, prefetch=prefetch, mesh=mesh,
-                 prefetch_plan=prefetch_plan)
+    model = FSDP(_model(), units=units or by_type(Block), sharding=sharding, prefetch=prefetch,
+                 mesh=mesh, prefetch_plan=prefetch_plan)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     x, y = _batch(world)
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
@@ -96,6 +96,18 @@ def test_full_parameters_exist_only_while_their_unit_computes(prefetch):
                 assert f"blocks.{i}" in now and set(now) <= allowed, (i, now)
                 if prefetch and i + 1 < CFG.layers:  # the next unit's all-gather is under way
                     assert f"blocks.{i + 1}" in now, (i, now)
+
+
+def test_a_size_policy_with_nested_units_trains_as_one_process():
+    """by_size makes each block's MLP a unit and leaves the rest of the block to the
+    root: units nested in the root, and a root that is not the whole of any block."""
+    want = single_process(2)
+    block = sum(p.numel() for p in _model().blocks[0].parameters())
+    for state, _, left_whole in run(train, "full", units=by_size(block // 2), nproc=2,
+                                    timeout=120):
+        assert left_whole == []
+        for name, tensor in want.items():
+            torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=2e-5)
 
 
 def skip_one(order, current, depth, backward):

@@ -51,3 +51,14 @@ def test_policies_reject_nonsense():
 def test_prefetch_targets_are_the_units_that_compute_next(current, depth, backward, want):
     # forward runs the order left to right (the root "" starts first), backward right to left
     assert prefetch_targets(["", "a", "b", "c", "d"], current, depth, backward) == want
+
+
+def test_a_container_never_becomes_a_unit():
+    """by_size would otherwise pick ``blocks`` (a ModuleList, never called): its
+    parameters then belong to the next module up that runs."""
+    model = GPT(CFG)
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    plan = plan_units(model, by_size(block // 2))
+    assert "blocks" not in plan
+    assert any(name.endswith(".mlp") for name in plan)
+    assert "blocks.0.ln1.weight" in plan[""]

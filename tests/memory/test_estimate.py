@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from course_lib.memory import (activation_bytes, other_bytes, OLMO, fsdp_peak_param_bytes, gpus_needed, model_state_bytes,
+from course_lib.memory import (activation_bytes, activation_bytes_megatron, other_bytes, OLMO, fsdp_peak_param_bytes, gpus_needed, model_state_bytes,
                                model_state_bytes_of, param_count, peak_bytes)
 from course_lib.models import GPT, GPTConfig, gpt_param_count
 
@@ -97,3 +97,11 @@ def test_activations_kept_for_backward_are_the_formula_within_a_stated_factor():
         formula = 2 * (activation_bytes(cfg, batch) + other_bytes(cfg, batch))
         assert formula / 4 <= kept[batch] <= 4 * formula, (batch, kept[batch], formula)
     assert 1.8 <= kept[8] / kept[4] <= 2.2  # linear in B, as the formula
+
+
+def test_megatron_count_and_what_flash_attention_saves():
+    shape = OLMO["OLMo 7B"]  # s=2048, h=4096, a=32, N=32
+    full = activation_bytes_megatron(shape, 1)
+    flash = activation_bytes_megatron(shape, 1, flash=True)
+    assert flash == 32 * 34 * 2048 * 4096
+    assert full - flash == 32 * 5 * 32 * 2048 ** 2  # the scores, softmax and mask
