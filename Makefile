@@ -8,7 +8,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.course-installed
 NPROC ?= 2
 SUBMISSIONS ?= submissions
-GRADEBOOK ?= gradebook.csv
+# executed notebooks, feedback pages and outputs go beside the gradebook
+GRADEBOOK ?= grades/gradebook.csv
+GRADE_TIMEOUT ?= 900
+JOBS ?= 1
 
 .PHONY: setup run test test-gpu test-browser lab labs grade bench clean
 
@@ -34,7 +37,9 @@ test: setup
 
 # NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
 test-gpu: setup
-	$(BIN)/python -m pytest tests/gpu -v -rs -p no:cacheprovider
+	$(BIN)/python -m pytest tests/gpu tests/tp/test_nccl.py \
+		"tests/pipeline/test_runs.py::test_on_nccl_the_pipeline_trains_as_one_process_and_traces_its_actions" \
+		-v -rs -p no:cacheprovider
 
 # JupyterLab in headless Chromium: Playwright drives Debian's chromium (installed here
 # when missing and we are root; the test skips, saying why, otherwise)
@@ -52,7 +57,8 @@ labs: setup
 	$(BIN)/python -m course_lib.grading.labgen solutions labs
 
 grade: setup
-	$(BIN)/python -m course_lib.grading.gradebook $(SUBMISSIONS) --out $(GRADEBOOK)
+	$(BIN)/python -m course_lib.grading.gradebook $(SUBMISSIONS) --out $(GRADEBOOK) \
+	  --timeout $(GRADE_TIMEOUT) --jobs $(JOBS)
 
 bench: setup
 	$(BIN)/python -m course_lib.bench collectives --nproc $(NPROC) --sizes 4K:64M
