@@ -11,6 +11,10 @@ The package is laid out by layer; a lower layer never imports a higher one:
     trace/        per-rank spans, merged timelines, metrics, Gantt charts
     collectives/  Labs 00-01: p2p patterns, broadcast/reduce, ring collectives, cost model
     ddp/          Lab 02: naive, flat and bucketed data parallelism
+    memory/       Lab 03: the lecture's memory formulas, and memory measured
+    fsdp/         Lab 03: ZeRO-1, FSDP units (the library's and the one-page version)
+    pipeline/     Lab 04: schedules as data, the partitioner, the stage executor
+    tp/           Lab 05: f and g, column/row-parallel layers, a parallel block
     models, data  the course's models and data
     grading/      checks, the lab generator, the gradebook, the papermill runner
     bench/        ``python -m course_lib.bench <what>``
