@@ -6,7 +6,11 @@ checked in the notebook's process; 5.2 (f and g), 5.3 (a parallel MLP) and 5.4
 ranks, and on a pair of ranks inside 3 (a group that is not the world), against
 the dense computation done here. All-reduces are counted per direction by
 wrapping ``torch.distributed.all_reduce`` on the ranks for the duration of the
-check (whatever calls it: the student's code or course_lib's collectives).
+check: calls made through that attribute (``dist.all_reduce(...)``, from the
+student's code or course_lib's collectives) are counted, and a name imported
+before the check (``from torch.distributed import all_reduce``) or another
+collective API is not. The exercise text says so, and so does the message when
+the values are right but nothing was counted.
 """
 from __future__ import annotations
 
@@ -131,21 +135,29 @@ def _group_cases(world):
 SHAPE = (3, 5, 4)
 
 
+def _run_operator(op, calls, group, x_seed, weight_seed):
+    """Apply the student's f or g to a fresh leaf, backward through it, and record
+    (output, input gradient, all-reduces forward, all-reduces backward, the input
+    as it is after forward, whether backward changed its incoming gradient)."""
+    x = _seeded(x_seed, *SHAPE).requires_grad_()
+    start = len(calls)
+    y = op.apply(x, group)
+    fwd = len(calls) - start
+    x_after = x.detach().clone()
+    incoming = []  # the gradient autograd hands to op's backward, and a copy of it
+    if isinstance(y, torch.Tensor) and y.requires_grad:
+        y.register_hook(lambda grad: incoming.append((grad, grad.detach().clone())))
+    (y * _seeded(weight_seed, *SHAPE)).sum().backward()
+    grad_changed = bool(incoming) and not torch.equal(*incoming[0])
+    return y.detach().clone(), x.grad, fwd, len(calls) - start - fwd, x_after, grad_changed
+
+
 def _fg_job(copy_to_tp, reduce_from_tp, use_pair):
     group = _pair_group() if use_pair else None
     rank = dist.get_rank()
     with _all_reduces() as calls:
-        x = _seeded(1, *SHAPE).requires_grad_()
-        y = copy_to_tp.apply(x, group)
-        f_fwd = len(calls)
-        (y * _seeded(100 + rank, *SHAPE)).sum().backward()
-        f = (y.detach().clone(), x.grad, f_fwd, len(calls) - f_fwd)
-        x = _seeded(200 + rank, *SHAPE).requires_grad_()
-        start = len(calls)
-        y = reduce_from_tp.apply(x, group)
-        g_fwd = len(calls) - start
-        (y * _seeded(2, *SHAPE)).sum().backward()
-        g = (y.detach().clone(), x.grad, g_fwd, len(calls) - start - g_fwd)
+        f = _run_operator(copy_to_tp, calls, group, 1, 100 + rank)
+        g = _run_operator(reduce_from_tp, calls, group, 200 + rank, 2)
     return f, g
 
 
@@ -169,22 +181,51 @@ def check_f_and_g(copy_to_tp, reduce_from_tp, world_sizes=(2, 3)):
                       f"input gradients, one all-reduce each, in the right direction")
 
 
+def _not_counted(ex, rank, where, what):
+    """The values are right but no dist.all_reduce was counted: the student called
+    the collective some other way."""
+    return checks.CheckFailed(
+        f"{ex}: rank {rank}, group = {where}: {what} right, but the check saw no call to "
+        f"dist.all_reduce.\nHint: the check counts calls to dist.all_reduce; call it as "
+        f"dist.all_reduce(tensor, group=group), with dist the module torch.distributed "
+        f"(`import torch.distributed as dist`). An all_reduce imported by name (`from "
+        f"torch.distributed import all_reduce`) or another collective API is not counted.")
+
+
+def _close(got, want):
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        got.dtype == want.dtype and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def _grade_f(ex, f, rank, n, t, members, where):
-    y, dx, fwd, bwd = f
+    y, dx, fwd, bwd, x_after, grad_changed = f
     say = dict(rank=rank, world_size=n)
+    x_in = _seeded(1, *SHAPE)
+    want = sum(_seeded(100 + r, *SHAPE) for r in members)
     if fwd:
         raise checks.CheckFailed(
             f"{ex}: rank {rank}, group = {where}: f (CopyToTP) ran {fwd} all-reduce(s) in forward."
             f"\nHint: f is the identity forward (every rank already holds the whole X) and "
             f"all-reduces in backward; g is the other way round. Did you swap f and g?")
+    if t > 1 and bwd == 0 and _close(y, x_in) and _close(dx, want):
+        raise _not_counted(ex, rank, where, "f's output and the gradient it gives X are")
     if t > 1 and bwd != 1:
         raise checks.CheckFailed(
             f"{ex}: rank {rank}, group = {where}: f's backward ran {bwd} all-reduce(s), "
             f"expected exactly 1.\nHint: every rank used the whole X for its own part of the "
             f"layer, so dL/dX = sum over ranks of dL/dY_i: all-reduce the gradient, once.")
-    checks.expect_close(ex, y, _seeded(1, *SHAPE), **say, what=f"f's output (group = {where})",
+    if not torch.equal(x_after, x_in):
+        raise checks.CheckFailed(
+            f"{ex}: rank {rank}, group = {where}: f changed its input X in place in forward."
+            f"\nHint: f's forward returns X as it is (x.view_as(x)) and touches nothing.")
+    if grad_changed:
+        raise checks.CheckFailed(
+            f"{ex}: rank {rank}, group = {where}: f's backward changed the incoming gradient in "
+            f"place.\nHint: all-reduce a copy (grad = grad.clone(), then dist.all_reduce(grad, "
+            f"group=ctx.group)) and return it. Autograd may hand the same gradient tensor to "
+            f"other functions as well: after an addition, both branches get the same tensor.")
+    checks.expect_close(ex, y, x_in, **say, what=f"f's output (group = {where})",
                         hint="f's forward returns X unchanged")
-    want = sum(_seeded(100 + r, *SHAPE) for r in members)
     checks.expect_close(ex, dx, want, **say, rtol=1e-5, atol=1e-5,
                         what=f"the gradient f gives X (group = {where})",
                         hint="all-reduce (SUM) the incoming gradient over the group you were "
@@ -192,24 +233,38 @@ def _grade_f(ex, f, rank, n, t, members, where):
 
 
 def _grade_g(ex, g, rank, n, t, members, where):
-    y, dx, fwd, bwd = g
+    y, dx, fwd, bwd, x_after, grad_changed = g
     say = dict(rank=rank, world_size=n)
+    x_in, dy = _seeded(200 + rank, *SHAPE), _seeded(2, *SHAPE)
+    want = sum(_seeded(200 + r, *SHAPE) for r in members)
     if bwd:
         raise checks.CheckFailed(
             f"{ex}: rank {rank}, group = {where}: g (ReduceFromTP)'s backward ran {bwd} "
             f"all-reduce(s).\nHint: Y = sum_i X_i, so dL/dX_i = dL/dY, the same on every rank "
             f"already: g's backward is the identity (all-reducing it counts the gradient t times).")
+    if t > 1 and fwd == 0 and _close(y, want) and _close(dx, dy):
+        raise _not_counted(ex, rank, where, "g's output and the gradient it gives its input are")
     if t > 1 and fwd != 1:
         raise checks.CheckFailed(
             f"{ex}: rank {rank}, group = {where}: g's forward ran {fwd} all-reduce(s), expected "
             f"exactly 1.\nHint: each rank holds a partial sum X_i; g's forward returns their "
             f"sum, one all-reduce.")
-    want = sum(_seeded(200 + r, *SHAPE) for r in members)
+    if not torch.equal(x_after, x_in):
+        now = "holds the all-reduced sum" if _close(x_after, want) else "differs from the input"
+        raise checks.CheckFailed(
+            f"{ex}: rank {rank}, group = {where}: g changed its input X in place: after g's "
+            f"forward, X {now}.\nHint: all-reduce a copy (out = x.clone(), then "
+            f"dist.all_reduce(out, group=group)) and return the copy. X belongs to the caller: "
+            f"other code may still read it, and autograd may have saved it for backward.")
+    if grad_changed:
+        raise checks.CheckFailed(
+            f"{ex}: rank {rank}, group = {where}: g's backward changed the incoming gradient in "
+            f"place.\nHint: g's backward returns the incoming gradient as it is.")
     checks.expect_close(ex, y, want, **say, rtol=1e-5, atol=1e-5,
                         what=f"g's output (group = {where})",
                         hint="all-reduce a copy of X over the group you were given (do not "
                              "modify the input in place)")
-    checks.expect_close(ex, dx, _seeded(2, *SHAPE), **say,
+    checks.expect_close(ex, dx, dy, **say,
                         what=f"the gradient g gives its input (group = {where})",
                         hint="g's backward returns the incoming gradient as it is")
 
@@ -275,11 +330,28 @@ def check_parallel_mlp(mlp_class, world_sizes=(2, 3)):
                       f"slices, output, every gradient, one all-reduce each way")
 
 
+def _parameter_names_message(ex, rank, names):
+    missing = [k for k in SHARDS if k not in names]
+    unexpected = [k for k in names if k not in SHARDS]
+    parts = []
+    if missing:
+        parts.append("missing parameter(s) " + ", ".join(f"{k} ({SHARDS[k][0]})" for k in missing))
+    if unexpected:
+        parts.append("unexpected parameter(s) " + ", ".join(unexpected))
+    hint = ("Hint: __init__ creates exactly four nn.Parameter attributes: self.w1, self.b1 "
+            "and self.w2, this rank's slices (dense_param.chunk(t, dim)[r]), and self.b2, all "
+            "of the second layer's bias. A plain tensor attribute is not a parameter")
+    if any("." in k for k in unexpected):
+        hint += (". Keep no submodule that holds parameters (not the dense mlp, no nn.Linear): "
+                 "their parameters count as this module's too")
+    return (f"{ex}: rank {rank}: your module's parameters are {names or 'none'}: "
+            f"{'; '.join(parts)}.\n{hint}.")
+
+
 def _grade_mlp(ex, params, result, error, rank, n, t, me, where, y_want, dx_want, full, grads):
     say = dict(rank=rank, world_size=n)
     if set(params) != set(SHARDS):
-        raise checks.CheckFailed(f"{ex}: your module's parameters are {sorted(params)}; expected "
-                                 f"exactly {sorted(SHARDS)} (nn.Parameter attributes)")
+        raise checks.CheckFailed(_parameter_names_message(ex, rank, sorted(params)))
     for name, (what, dim) in SHARDS.items():
         want = _slice(full[name], dim, me, t)
         if params[name].shape != want.shape:
@@ -296,6 +368,8 @@ def _grade_mlp(ex, params, result, error, rank, n, t, me, where, y_want, dx_want
         raise checks.CheckFailed(f"{ex}: rank {rank} (group = {where}): forward or backward "
                                  f"raised {error}")
     y, dx, got_grads, fwd, bwd = result
+    if t > 1 and (fwd, bwd) == (0, 0) and _close(y, y_want) and _close(dx, dx_want):
+        raise _not_counted(ex, rank, where, "the MLP's output and input gradient are")
     if t > 1 and (fwd, bwd) != (1, 1):
         missing = ("X goes through f (CopyToTP) before the first layer: its backward is the "
                    "all-reduce of X's gradient. " if bwd == 0 else "") + \
@@ -415,6 +489,10 @@ def _volume_hint(got, m, k, n, gx, gy, gz):
     def near(a):
         return abs(got - a) <= 1e-6 * max(1.0, abs(a))
 
+    if gz > 1 and near(parts["total"] + weights / 2):
+        return "the gathered weight block is kept from forward to backward: one all-gather " \
+               "per step, in forward; backward only reduce-scatters dA (FSDP in Lab 03 " \
+               "gathers again in backward; this model does not)"
     if gz > 1 and near(parts["total"] - weights):
         return "with gz > 1 the weight block is sharded over gz: all-gather it before " \
                "forward ((gz-1)/gz of it) and reduce-scatter its gradient in backward"

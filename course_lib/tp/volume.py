@@ -24,21 +24,39 @@ all-gather or reduce-scatter whose whole array is S sends (p-1)/p S) that is
 its row-parallel layer (t, 1, 1): together, one all-reduce of (m, n) forward
 and one of (m, k) backward, the 1D numbers above. Consecutive layers swap the
 roles of gx and gy (a layer's output is split the way the next one's input must
-be), as Megatron alternates column and row. What the model leaves out: the
-LayerNorm statistics a 2D split of h needs (2 numbers per token), and keeping
-gathered weights from forward to backward (3D gathers once per step here).
+be), as Megatron alternates column and row. The model assumes the gathered
+weight block is kept from forward to backward, so it is all-gathered once per
+step and backward only reduce-scatters its gradient (FSDP, as in Lab 03, frees
+it after forward and gathers it again in backward: one more (gz-1)/gz of the
+block, not counted here). It leaves out the LayerNorm statistics a 2D split of h
+needs (2 numbers per token) and the memory the kept blocks take.
+
+**Links.** :func:`link_bandwidth` and :func:`layer_times` use peak rates of the
+lecture's nodes (constants below). What a collective really reaches is what
+NVIDIA's nccl-tests report as the bus bandwidth, ``busbw``: for an all-reduce,
+size / time x 2(t-1)/t, which is what a rank sends in the ring
+(:func:`all_reduce_sent`) divided by the time, the same rate these functions
+divide bytes by. A measured busbw can replace the peak
+(``layer_times(..., gbps=busbw)``).
 """
 from __future__ import annotations
 
-import math
-
-# The lecture's cluster (Kempner, H100 nodes): 4 GPUs per node, each pair joined
-# by NVLink at 75 GB/s per direction (75 * 6 pairs * 2 directions = 900 GB/s
-# for the node); between nodes InfiniBand NDR, 400 Gbit/s = 50 GB/s per GPU.
+# The lecture's cluster (Kempner): nodes of 4 H100 SXM GPUs on an HGX-style board,
+# every pair of GPUs joined directly by NVLink; between nodes, InfiniBand NDR.
+# An H100 SXM has 18 NVLink 4 links of 25 GB/s per direction: 450 GB/s each way
+# per GPU. The spec sheet's 900 GB/s is that per-GPU figure with both directions
+# added, not a node's total. On a 4-GPU board each GPU's 18 links go 6 to each of
+# its 3 peers: 150 GB/s each way per pair (the node's 6 pairs: 1,800 GB/s, both
+# directions added). The lecture notes' "75 GB/s x 6 x 2 = 900 GB/s" for the node
+# does not describe this hardware.
 GPUS_PER_NODE = 4
-NVLINK_LINK_GBPS = 75.0  # GB/s, one direction, one GPU pair
-NVLINK_PEERS = GPUS_PER_NODE - 1  # links out of each GPU
-NVLINK_NODE_TOTAL_GBPS = NVLINK_LINK_GBPS * math.comb(GPUS_PER_NODE, 2) * 2  # 900
+NVLINK4_LINK_GBPS = 25.0  # GB/s, one NVLink 4 link, one direction
+NVLINKS_PER_GPU = 18
+NVLINK_PEERS = GPUS_PER_NODE - 1  # the GPUs each GPU has links to
+NVLINKS_PER_PAIR = NVLINKS_PER_GPU // NVLINK_PEERS  # 6
+NVLINK_PAIR_GBPS = NVLINK4_LINK_GBPS * NVLINKS_PER_PAIR  # 150: one GPU pair, one direction
+NVLINK_GPU_GBPS = NVLINK4_LINK_GBPS * NVLINKS_PER_GPU  # 450: all of one GPU's links, one direction
+NVLINK_SPEC_SHEET_GBPS = 2 * NVLINK_GPU_GBPS  # 900: one GPU, both directions added
 INFINIBAND_GBPS = 400 / 8  # 50 GB/s per GPU, each direction
 H100_BF16_DENSE_TFLOPS = 989.0  # the spec sheet's 1,979 assumes 2:4 sparsity
 
@@ -111,24 +129,28 @@ def best_grid(m, h, g, dims, layer_volume=None):
 
 
 def link_bandwidth(t, gpus_per_node=GPUS_PER_NODE, all_links=False):
-    """GB/s a rank of a t-way tensor-parallel ring can send at, one direction: an
-    NVLink (or, ``all_links``, all of a GPU's NVLinks, as NCCL's several rings
-    use them) while the group fits in a node, InfiniBand once it spans nodes: a
-    ring runs at the speed of its slowest hop."""
+    """Peak GB/s, one direction, at which a rank of a t-way tensor-parallel ring
+    sends. While the group fits in a node: the NVLinks to its ring neighbour
+    (:data:`NVLINK_PAIR_GBPS`), or with ``all_links`` the links to all of its t-1
+    peers in the group (NCCL runs several rings at once, in different orders, to
+    use them). Once the group spans nodes: InfiniBand, since a ring runs at the
+    speed of its slowest hop."""
     if t <= gpus_per_node:
-        return NVLINK_LINK_GBPS * (min(t - 1, NVLINK_PEERS) if all_links else 1)
+        return NVLINK_PAIR_GBPS * (max(1, min(t - 1, NVLINK_PEERS)) if all_links else 1)
     return INFINIBAND_GBPS
 
 
 def layer_times(b, s, h, t, bytes_per_element=2, tflops=H100_BF16_DENSE_TFLOPS,
-                gpus_per_node=GPUS_PER_NODE, all_links=False):
+                gpus_per_node=GPUS_PER_NODE, all_links=False, gbps=None):
     """Seconds per transformer layer on each GPU, forward + backward, at peak
-    rates: ``{"compute": ..., "comm": ..., "bytes": ...}``. Compute is
-    3 x (24 b s h^2 + 4 b s^2 h) FLOPs split over t; comm is
-    :func:`tp_layer_bytes` at :func:`link_bandwidth`."""
+    rates and with no overlap: ``{"compute": ..., "comm": ..., "bytes": ...}``.
+    Compute is 3 x (24 b s h^2 + 4 b s^2 h) FLOPs split over t; comm is
+    :func:`tp_layer_bytes` at :func:`link_bandwidth`, or at ``gbps`` if given (a
+    measured rate: nccl-tests' busbw for an all-reduce of b*s*h elements)."""
     flops = 3 * (24 * b * s * h * h + 4 * b * s * s * h) / t
     sent = tp_layer_bytes(b, s, h, t, bytes_per_element)
-    comm = 0.0 if t == 1 else sent / (link_bandwidth(t, gpus_per_node, all_links) * 1e9)
+    rate = gbps if gbps is not None else link_bandwidth(t, gpus_per_node, all_links)
+    comm = 0.0 if t == 1 else sent / (rate * 1e9)
     return {"compute": flops / (tflops * 1e12), "comm": comm, "bytes": sent}
 
 
@@ -137,7 +159,8 @@ def best_grids_table(m, h, gpu_counts, layer_volume=None):
     return [(g, *(best_grid(m, h, g, d, layer_volume) for d in (1, 2, 3))) for g in gpu_counts]
 
 
-__all__ = ["GPUS_PER_NODE", "NVLINK_LINK_GBPS", "NVLINK_PEERS", "NVLINK_NODE_TOTAL_GBPS",
+__all__ = ["GPUS_PER_NODE", "NVLINK4_LINK_GBPS", "NVLINKS_PER_GPU", "NVLINK_PEERS",
+           "NVLINKS_PER_PAIR", "NVLINK_PAIR_GBPS", "NVLINK_GPU_GBPS", "NVLINK_SPEC_SHEET_GBPS",
            "INFINIBAND_GBPS", "H100_BF16_DENSE_TFLOPS", "all_reduce_sent", "gather_sent",
            "tp_layer_bytes", "grid_volume", "block_layers", "block_volume", "factorizations",
            "best_grid", "link_bandwidth", "layer_times", "best_grids_table"]

@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed import all_reduce as imported_all_reduce
 
 from conftest import ship_by_value
 from course_lib.grading import checks, lab05
@@ -81,6 +82,54 @@ class CopyToWorld(torch.autograd.Function):  # f that forgets its group
         return grad, None
 
 
+class ReduceInPlace(torch.autograd.Function):  # g that all-reduces its input in place
+    @staticmethod
+    def forward(ctx, x, group):
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class CopyGradInPlace(torch.autograd.Function):  # f that all-reduces the incoming gradient
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class CopyImported(torch.autograd.Function):  # right, but calls an all_reduce imported by name
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        imported_all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class ReduceImported(torch.autograd.Function):  # right, but calls an all_reduce imported by name
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        imported_all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 # ---- 5.3 -------------------------------------------------------------------------------
 class ParallelMLP(nn.Module):
     def __init__(self, mlp, group=None):
@@ -119,6 +168,26 @@ class NoF(ParallelMLP):
         return ReduceFromTP.apply(F.linear(h, self.w2), self.group) + self.b2
 
 
+class KeepsTheDenseMLP(ParallelMLP):  # keeps the dense layers as a submodule
+    def __init__(self, mlp, group=None):
+        super().__init__(mlp, group)
+        self.dense = mlp
+
+
+class BiasNotAParameter(ParallelMLP):  # b2 as a plain tensor attribute
+    def __init__(self, mlp, group=None):
+        super().__init__(mlp, group)
+        del self.b2
+        self.b2 = mlp[2].bias.detach().clone()
+
+
+class ImportedAllReduce(ParallelMLP):  # right, with f and g that call an imported all_reduce
+    def forward(self, x):
+        x = CopyImported.apply(x, self.group)
+        h = F.gelu(F.linear(x, self.w1, self.b1))
+        return ReduceImported.apply(F.linear(h, self.w2), self.group) + self.b2
+
+
 # ---- 5.4 -------------------------------------------------------------------------------
 def shard_qkv(weight, heads, rank, t):
     if heads % t:
@@ -154,6 +223,10 @@ def layer_volume_without_ring_factors(m, k, n, gx, gy, gz):
             + (2 * m / gz * k / gx if gy > 1 else 0))
 
 
+def layer_volume_gathers_twice(m, k, n, gx, gy, gz):  # all-gathers A again in backward
+    return layer_volume(m, k, n, gx, gy, gz) + (gz - 1) / gz * k * n / (gx * gy)
+
+
 def layer_volume_no_weight_traffic(m, k, n, gx, gy, gz):
     return 2 * (gx - 1) / gx * (m / gz) * (n / gy) + 2 * (gy - 1) / gy * (m / gz) * (k / gx)
 
@@ -182,6 +255,12 @@ def test_wrong_splits_by_hand_get_a_hint(column, row, fragment):
     (ReduceFromTP, CopyToTP, "Did you swap f and g"),
     (CopyToTP, ReduceBothWays, "g's backward is the identity"),
     (CopyToWorld, ReduceFromTP, "over the group you were given"),
+    (CopyToTP, ReduceInPlace, "g changed its input X in place"),
+    (CopyGradInPlace, ReduceFromTP, "f's backward changed the incoming gradient in place"),
+    (CopyImported, ReduceFromTP, "the check counts calls to dist.all_reduce; call it as "
+                                 "dist.all_reduce"),
+    (CopyToTP, ReduceImported, "the check counts calls to dist.all_reduce; call it as "
+                               "dist.all_reduce"),
 ])
 def test_wrong_f_and_g_are_named(f, g, fragment):
     with pytest.raises(checks.CheckFailed, match=fragment):
@@ -192,6 +271,10 @@ def test_wrong_f_and_g_are_named(f, g, fragment):
     (BiasOnEveryRank, "Add the row-parallel layer's bias once, after g"),
     (SecondLayerByRows, "(?s)w2, the second layer's weight, has shape .* split its columns"),
     (NoF, "X goes through f"),
+    (KeepsTheDenseMLP,
+     "(?s)unexpected parameter\\(s\\) dense.0.bias, dense.0.weight, .*Keep no submodule"),
+    (BiasNotAParameter, "missing parameter\\(s\\) b2 \\(the second layer's bias\\)"),
+    (ImportedAllReduce, "the check counts calls to dist.all_reduce; call it as dist.all_reduce"),
 ])
 def test_wrong_parallel_mlps_are_named(mlp, fragment):
     with pytest.raises(checks.CheckFailed, match=fragment):
@@ -211,6 +294,7 @@ def test_wrong_qkv_slices_are_named(shard, fragment):
     (layer_volume_forward_only, "forward pass only"),
     (layer_volume_without_ring_factors, "include the \\(p-1\\)/p"),
     (layer_volume_no_weight_traffic, "sharded over gz"),
+    (layer_volume_gathers_twice, "kept from forward to backward"),
 ])
 def test_wrong_volumes_get_a_hint(wrong, fragment):
     with pytest.raises(checks.CheckFailed, match=fragment):

@@ -46,15 +46,41 @@ def test_factorizations_are_every_ordered_product():
 
 
 def test_links_of_the_lecture_cluster():
-    assert V.NVLINK_NODE_TOTAL_GBPS == 900 and V.INFINIBAND_GBPS == 50
-    assert V.link_bandwidth(2) == V.link_bandwidth(4) == 75
-    assert V.link_bandwidth(4, all_links=True) == 225
+    # H100 SXM: 18 NVLink 4 links x 25 GB/s each way = 450 GB/s per GPU each way, and
+    # 900 GB/s with both directions added; a 4-GPU board gives each pair 6 links
+    assert V.NVLINKS_PER_PAIR == 6 and V.NVLINK_PAIR_GBPS == 150
+    assert V.NVLINK_GPU_GBPS == 450 and V.NVLINK_SPEC_SHEET_GBPS == 900
+    assert V.NVLINK_PEERS * V.NVLINKS_PER_PAIR == V.NVLINKS_PER_GPU
+    assert V.INFINIBAND_GBPS == 50
+    assert V.link_bandwidth(2) == V.link_bandwidth(4) == 150
+    assert V.link_bandwidth(2, all_links=True) == 150
+    assert V.link_bandwidth(3, all_links=True) == 300
+    assert V.link_bandwidth(4, all_links=True) == V.NVLINK_GPU_GBPS
     assert V.link_bandwidth(8) == V.link_bandwidth(8, all_links=True) == 50
     inside, across = V.layer_times(1, 4096, 8192, 4), V.layer_times(1, 4096, 8192, 8)
     assert V.layer_times(1, 4096, 8192, 1)["comm"] == 0
-    assert inside["comm"] == pytest.approx(inside["bytes"] / 75e9)
+    assert inside["comm"] == pytest.approx(inside["bytes"] / 150e9)
     assert across["comm"] == pytest.approx(across["bytes"] / 50e9)
     assert across["comm"] / across["compute"] > inside["comm"] / inside["compute"]
+
+
+def test_what_the_notebook_says_about_the_links_plot():
+    """Section 9's text reads these ratios off the plot (b=1, s=4096, h=8192)."""
+    def ratio(t, **kw):
+        times = V.layer_times(1, 4096, 8192, t, **kw)
+        return times["comm"] / times["compute"]
+
+    assert ratio(2) == pytest.approx(1 / 6, rel=0.03)  # 1.79 ms against 10.8 ms
+    assert ratio(4) == pytest.approx(1 / 2, rel=0.03)  # 2.68 ms against 5.42 ms, one peer
+    assert ratio(4, all_links=True) == pytest.approx(1 / 6, rel=0.03)
+    assert ratio(8) == pytest.approx(3.5, rel=0.03) and ratio(16) == pytest.approx(7.4, rel=0.03)
+
+
+def test_a_measured_bus_bandwidth_replaces_the_peak():
+    measured = V.layer_times(1, 4096, 8192, 4, gbps=120)
+    assert measured["comm"] == pytest.approx(measured["bytes"] / 120e9)
+    assert measured["compute"] == V.layer_times(1, 4096, 8192, 4)["compute"]
+    assert V.layer_times(1, 4096, 8192, 1, gbps=120)["comm"] == 0
 
 
 def test_grid_sizes_must_be_positive_integers():
