@@ -12,11 +12,13 @@ looks for) or raises with something a student can act on::
     checks.passed("Exercise 0.2", "world sizes 2 and 3")
 
 A stub that still raises ``NotImplementedError`` surfaces as NotImplementedError
-naming the exercise; a hang as :class:`CheckFailed` that says what kind of hang
-it is (ranks in different collectives, a rank missing from a collective, sends
-and receives that do not pair up...), naming each rank and the call it waits
-in, with every rank's stack trimmed to the student's code (the untrimmed dumps
-are the exception's ``.stacks``).
+naming the exercise; code that is, or calls, course_lib's own implementation of
+the exercise (:mod:`course_lib.grading.references`) as :class:`CheckFailed`
+saying so (in a notebook kernel, or wherever ``COURSE_LIB_REFERENCE_GUARD=1``); a
+hang as :class:`CheckFailed` that says what kind of hang it is (ranks in different
+collectives, a rank missing from a collective, sends and receives that do not pair
+up...), naming each rank and the call it waits in, with every rank's stack trimmed
+to the student's code (the untrimmed dumps are the exception's ``.stacks``).
 
 The kernel remembers how each exercise's last check ended: a measurement cell
 that runs the student's code asks :func:`ready` first, and skips (saying so)
@@ -27,12 +29,15 @@ instead of hanging on code whose check failed::
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 from contextlib import contextmanager
 
 import torch
 
+from course_lib.grading.references import reference_use
 from course_lib.grading.stubs import is_stub
 from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.launcher import LaunchError, LaunchTimeout, run
@@ -102,11 +107,54 @@ def _not_implemented(exercise):
             f"in its code cell with your solution, run that cell, then this one.")
 
 
+# ---- refusing course_lib's own implementation of the exercise --------------------------------
+_reference_guard = None  # None: COURSE_LIB_REFERENCE_GUARD decides ("auto": in a notebook kernel)
+
+
+def guard_references(enabled=True):
+    """Turn the reference check on or off in this process (None: back to the environment's
+    ``COURSE_LIB_REFERENCE_GUARD``: ``1``, ``0`` or ``auto``, on in a Jupyter kernel). The
+    library's tests hand the references to the checks as known-good answers, so outside a
+    kernel it is off unless asked for; the grader turns it on."""
+    global _reference_guard
+    _reference_guard = enabled
+
+
+def _guarding():
+    if _reference_guard is not None:
+        return _reference_guard
+    setting = os.environ.get("COURSE_LIB_REFERENCE_GUARD", "auto").strip().lower()
+    if setting in ("1", "on", "true", "yes"):
+        return True
+    if setting in ("0", "off", "false", "no"):
+        return False
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return getattr(shell, "kernel", None) is not None
+
+
+def _refuse_references(exercise, objects):
+    if not _guarding():
+        return
+    found = reference_use(exercise, objects)
+    if found:
+        raise CheckFailed(
+            f"{exercise}: your code uses course_lib's own implementation of this exercise "
+            f"({'; '.join(found)}). The exercise is to write it yourself: a check does not "
+            f"accept the library's version, called directly or through your code.",
+            exercise=exercise)
+
+
 @contextmanager
-def in_process(exercise):
+def in_process(exercise, *student):
     """For a check that calls the student's function in the notebook's own process
-    (pure logic, no ranks): the same bookkeeping and stub message as :func:`launch`."""
+    (pure logic, no ranks): the same bookkeeping and stub message as :func:`launch`.
+    Pass the student's objects (``with in_process(ex, my_fn):``) to refuse, as
+    :func:`launch` does, course_lib's own implementation of ``exercise``."""
     _record(exercise, "checking")
+    if student and any(is_stub(obj) for obj in student):
+        _record(exercise, "failed")
+        raise NotImplementedError(_not_implemented(exercise))
+    _refuse_references(exercise, student)
     try:
         yield
     except NotImplementedError:
@@ -125,6 +173,7 @@ def launch(exercise, fn, *args, nproc, timeout=60.0, backend="gloo", **kwargs):
     if any(is_stub(obj) for obj in (fn, *args, *kwargs.values())):
         _record(exercise, "failed")  # no job: every rank would raise at its first line
         raise NotImplementedError(_not_implemented(exercise))
+    _refuse_references(exercise, [fn, *args, *kwargs.values()])
     try:
         return run(fn, *args, nproc=nproc, timeout=timeout, backend=backend, **kwargs)
     except LaunchTimeout as exc:

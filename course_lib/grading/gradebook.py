@@ -1,128 +1,345 @@
 """The gradebook: run a folder of submitted notebooks, one row per student.
 
-    python -m course_lib.grading.gradebook submissions/ --out gradebook.csv
+    python -m course_lib.grading.gradebook submissions/ --out grades/gradebook.csv [--jobs 2]
+    python -m course_lib.grading.gradebook submissions/ --slice 3/10 --out parts/part-3.csv
+    python -m course_lib.grading.gradebook merge parts/*.csv --out grades/gradebook.csv
 
-``submissions/<student>/NN_name.ipynb`` (or ``submissions/<student>.ipynb``).
-Before running, every cell tagged ``check`` is restored from the generated lab
-(matched by cell id), so an edited check cannot pass itself. A column
-``Exercise N.M`` scores 1 when that exercise's own (restored) check cell
-printed the whole line ``✓ Exercise N.M passed`` and raised nothing, else 0.
+``submissions/<student>/<any>.ipynb`` or ``submissions/<student>.ipynb``; the lab
+of each notebook is recognised from its content. Each notebook runs in a fresh
+kernel, with its check cells put back as the lab has them (hidden tests
+included) and course_lib's check code reloaded before each of them
+(:mod:`~course_lib.grading.guard`), within ``--timeout`` seconds in all and
+``--cell-timeout`` per cell. An exercise scores 1 when its own check cell printed
+the whole line ``✓ Exercise N.M passed`` and raised nothing; its result is one
+of pass, fail (the check judged the code wrong, or it is a stub), error (the
+check could not judge: a name missing, the kernel died...) or timeout.
+
+Written as students are graded (a stop half-way leaves everyone graded so far):
+
+- ``gradebook.csv``: student, a column per exercise (1/0), total, status, flags;
+- ``gradebook.details.csv``: one row per exercise and notebook, with its result
+  and the first line of its message;
+- ``feedback/<student>.md`` and ``executed/<student>/<notebook>`` (the notebook as
+  it ran), beside the CSV (``--files``); what the notebooks write goes to
+  ``outputs/<student>/<notebook>/``, never into the submissions folder.
 """
 from __future__ import annotations
 
 import argparse
-import csv
+import ast
+import os
 import re
 import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from course_lib.grading import integrity, runner
+from course_lib.grading.book import DETAILS, FIXED, Book, Progress, exercise_key, merge  # noqa: F401
 from course_lib.grading.checks import PASS_MARK
-from course_lib.grading.labgen import EXERCISE_HEADING, exercises_in, make_lab
+from course_lib.grading.labgen import EXERCISE_HEADING
+from course_lib.grading.submissions import (InvalidNotebook, Lab, find_submissions, load_labs,
+                                            prepare, read_notebook, recognise)
 
 # A pass is this whole line, printed to stdout by the check cell of that exercise.
 PASS_LINE = re.compile("^" + re.escape(PASS_MARK) + r" (Exercise \d+\.\d+) passed( \(.*\))?$")
+FAILED = {"CheckFailed", "AssertionError", "NotImplementedError"}
 
 
-def restore_checks(submission, lab):
-    """Replace the submission's check cells by the lab's (same cell id)."""
-    originals = {c.get("id"): c for c in lab.cells if "check" in c.metadata.get("tags", [])}
-    for i, cell in enumerate(submission.cells):
-        if cell.get("id") in originals:
-            original = originals[cell.get("id")]
-            submission.cells[i] = nbformat.from_dict({**original, "outputs": [],
-                                                      "execution_count": None})
-    return submission, set(originals)
+def _pass_line(cell, exercise):
+    text = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    return next((line for line in text.splitlines()
+                 if (m := PASS_LINE.match(line)) and m.group(1) == exercise), None)
 
 
 def passed_exercises(nb, check_ids):
-    """The exercises whose own check cell printed their pass line, as a whole
-    line on stdout, and raised nothing. A check cell belongs to the exercise of
-    the nearest ``Exercise N.M`` heading above it; a pass line printed anywhere
-    else (a student's cell, another exercise's check, the middle of a line)
-    counts for nothing."""
+    """The exercises whose own check cell printed their pass line, as a whole line on
+    stdout, and raised nothing. A check cell belongs to the exercise of the nearest
+    ``Exercise N.M`` heading above it (``check_ids`` a set), or to the one
+    ``check_ids`` maps it to (a dict); a pass line printed anywhere else counts for
+    nothing."""
     found, exercise = set(), None
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             headings = EXERCISE_HEADING.findall(cell.source)
-            if headings:
-                exercise = headings[-1][0]
+            exercise = headings[-1][0] if headings else exercise
             continue
-        if cell.cell_type != "code" or cell.get("id") not in check_ids or exercise is None:
+        owner = check_ids.get(cell.get("id")) if isinstance(check_ids, dict) else exercise
+        if cell.cell_type != "code" or cell.get("id") not in check_ids or owner is None:
             continue
         if any(o.get("output_type") == "error" for o in cell.outputs):
             continue
-        text = "".join(o.get("text", "") for o in cell.outputs
-                       if o.get("output_type") == "stream" and o.get("name") == "stdout")
-        if any(m and m.group(1) == exercise for m in map(PASS_LINE.match, text.splitlines())):
-            found.add(exercise)
+        if _pass_line(cell, owner):
+            found.add(owner)
     return found
 
 
-def execute_submission(path, lab, timeout=900):
-    """Run a submission (check cells restored) to the end, errors and all.
-    Returns the executed notebook and the ids of its check cells."""
-    from nbclient import NotebookClient
-
-    nb, check_ids = restore_checks(nbformat.read(path, as_version=4), lab)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(Path(path).parent)}})
-    client.execute()
-    return nb, check_ids
+def _first_line(text):
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
-def grade_notebook(path, lab, timeout=900):
-    return passed_exercises(*execute_submission(path, lab, timeout))
+def exercise_results(execution, checks):
+    """{exercise: (pass|fail|error|timeout, first line of its message)}."""
+    results = {}
+    during = {}
+    for event in execution.guard:
+        if event.get("event") == "after" and event.get("changes"):
+            during[event["exercise"]] = event["changes"]
+        if event.get("event") == "error" and event.get("exercise"):
+            during.setdefault(event["exercise"], [f"the grader's cell failed: {event['message']}"])
+    for index, cell in enumerate(execution.nb.cells):
+        exercise = checks.get(cell.get("id"))
+        if exercise is None:
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if index not in execution.executed:
+            status = "timeout" if execution.status == "timeout" else "error"
+            result = (status, f"not run: {execution.detail or 'the notebook stopped before it'}")
+        elif errors:
+            err = errors[0]
+            status = ("timeout" if err.ename == "CellTimeoutError" else
+                      "fail" if err.ename in FAILED else "error")
+            message = _first_line(err.evalue) or err.ename
+            result = (status, message if status == "fail" else f"{err.ename}: {message}")
+        elif exercise in during:
+            result = ("fail", "while the check ran, your code changed " + "; ".join(during[exercise]))
+        elif _pass_line(cell, exercise):
+            result = ("pass", _pass_line(cell, exercise))
+        else:
+            result = ("error", "the check cell printed no pass line")
+        results[exercise] = result
+    return results
 
 
-def _submissions(folder):
-    folder = Path(folder)
-    for entry in sorted(folder.iterdir()):
-        if entry.is_dir():
-            yield entry.name, sorted(entry.glob("[0-9][0-9]_*.ipynb"))
-        elif entry.suffix == ".ipynb":
-            yield entry.stem, [entry]
+# ---- one notebook ----------------------------------------------------------------------------
+@dataclass
+class Graded:
+    student: str
+    name: str  # the notebook's path inside the student's submission
+    lab: str | None = None
+    status: str = "ok"  # ok, timeout, crashed, error, invalid notebook, wrong lab
+    detail: str = ""
+    results: dict = field(default_factory=dict)
+    flags: list = field(default_factory=list)
+    seconds: float = 0.0
 
 
-def gradebook(folder, solutions="solutions", timeout=900):
-    """[{student, Exercise N.M: 0/1 ..., total}] for every submission."""
-    solution_nbs = {p.name[:2]: p for p in sorted(Path(solutions).glob("[0-9][0-9]_*.ipynb"))}
-    labs = {k: make_lab(nbformat.read(p, as_version=4), p.name) for k, p in solution_nbs.items()}
-    columns = [ex for k in sorted(labs) for ex, _ in exercises_in(labs[k])]
-    rows = []
-    for student, notebooks in _submissions(folder):
-        passed = set()
-        for nb_path in notebooks:
-            lab = labs.get(nb_path.name[:2])
-            if lab is None:
-                print(f"{student}: {nb_path.name} matches no solution notebook, skipped")
+@dataclass
+class Settings:
+    files: Path  # executed/, feedback/, outputs/ go here
+    timeout: float = 900.0  # per notebook
+    cell_timeout: float = 300.0
+    params: dict = field(default_factory=dict)
+
+
+def grade_notebook(student, path, name, nb, lab, settings):
+    """Grade one recognised notebook; returns a :class:`Graded` (never raises for what
+    the notebook does)."""
+    graded = Graded(student, name, lab.key)
+    outputs = settings.files / "outputs" / student / Path(name).stem
+    outputs.mkdir(parents=True, exist_ok=True)
+    params = {"QUICK": True, **settings.params, "OUTPUT_DIR": str(outputs.resolve())}
+    prepared, checks, graded.flags = prepare(nb, lab, params)
+    student_cells = [(f"cell {i + 1}", c.source) for i, c in enumerate(prepared.cells)
+                     if c.cell_type == "code" and c.get("id") not in checks
+                     and "injected-parameters" not in c.metadata.get("tags", [])]
+    graded.flags += integrity.scan(student_cells, lab.code_sources, lab.exercise_ids)
+    execution = runner.execute(prepared, checks, lab.check_modules, lab.check_names, outputs,
+                               timeout=settings.timeout, cell_timeout=settings.cell_timeout)
+    graded.status, graded.detail, graded.seconds = execution.status, execution.detail, \
+        execution.seconds
+    if execution.status == "ok" and execution.timed_out:
+        graded.detail = ", ".join(f"cell {i + 1}" for i in sorted(execution.timed_out)) + \
+            f" stopped after {settings.cell_timeout:g} s (interrupted)"
+    graded.results = exercise_results(execution, checks)
+    for event in execution.guard:
+        for change in event.get("changes", []):
+            when = "before" if event["event"] == "before" else "while"
+            graded.flags.append(f"{change} ({when} the check of {event['exercise']} ran; "
+                                f"undone)")
+    for exercise, (status, message) in graded.results.items():
+        if status == "fail" and "course_lib's own implementation" in message:
+            graded.flags.append(f"{exercise}: {message[:160]}")
+    if execution.leftovers:
+        graded.flags.append("processes left running were killed: " + ", ".join(execution.leftovers))
+    executed = settings.files / "executed" / student / name
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(execution.nb, executed)
+    return graded
+
+
+def grade_file(student, path, name, labs, settings):
+    """Read, recognise and grade one submitted file."""
+    try:
+        nb = read_notebook(path)
+    except InvalidNotebook as exc:
+        return Graded(student, name, status="invalid notebook", detail=str(exc))
+    lab, why = recognise(nb, labs)
+    if lab is None:
+        return Graded(student, name, status="wrong lab",
+                      detail=f"{why} (graded: {', '.join(labs)})")
+    try:
+        return grade_notebook(student, path, name, nb, lab, settings)
+    except Exception as exc:  # noqa: BLE001 - a grader bug costs one row, not the class
+        return Graded(student, name, lab.key, status="error",
+                      detail=f"the grader failed: {type(exc).__name__}: {exc}"[:300])
+
+
+# ---- the class -------------------------------------------------------------------------------
+def _inside(path, folder):
+    try:
+        Path(path).resolve().relative_to(Path(folder).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, timeout=900.0,
+              cell_timeout=300.0, jobs=1, part=(0, 1), only=None, params=None):
+    """Grade every submission in ``folder`` (those of slice ``part`` = (i, n)); returns
+    (exercise columns, rows). Rows and feedback are written as students finish."""
+    files = Path(files) if files is not None else Path(out).parent
+    for path in (out, files):
+        if _inside(path, folder):
+            raise ValueError(f"{path} is inside the submissions folder {folder}: grading "
+                             f"writes nothing there")
+    labs = load_labs(solutions)
+    if only:
+        unknown = [k for k in only if not any(key.startswith(k) for key in labs)]
+        if unknown:
+            raise ValueError(f"no lab {', '.join(unknown)} in {solutions}")
+        labs = {key: lab for key, lab in labs.items() if any(key.startswith(k) for k in only)}
+    submissions = find_submissions(folder)
+    present = set()  # the whole class decides the columns, so that every slice has the same
+    for sub in submissions:
+        for path in sub.notebooks:
+            try:
+                lab, _ = recognise(read_notebook(path), labs)
+            except InvalidNotebook:
                 continue
-            print(f"grading {student}/{nb_path.name} ...", flush=True)
-            passed |= grade_notebook(nb_path, lab, timeout)
-        row = {"student": student, **{ex: int(ex in passed) for ex in columns}}
-        row["total"] = sum(row[ex] for ex in columns)
-        rows.append(row)
-    return columns, rows
+            present |= {lab.key} if lab else set()
+    columns = sorted((ex for key in (present or labs) for ex in labs[key].exercise_ids),
+                     key=exercise_key)
+    index, count = part
+    mine = submissions[index::count]
+    book = Book(out, files, columns)
+    settings = Settings(files, timeout, cell_timeout, dict(params or {}))
+    tasks = [(sub.student, path, str(path.relative_to(Path(folder) / sub.student))
+              if path.parent != Path(folder) else path.name) for sub in mine for path in sub.notebooks]
+    pending = {sub.student: len(sub.notebooks) for sub in mine}
+    done = {sub.student: [] for sub in mine}
+    for student in [s for s, n in pending.items() if n == 0]:
+        book.add(student, [])
+    progress = Progress(len(tasks))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(grade_file, student, path, name, labs, settings)
+                       for student, path, name in tasks]
+            try:
+                for future in as_completed(futures):
+                    graded = future.result()
+                    progress.update(graded)
+                    done[graded.student].append(graded)
+                    if len(done[graded.student]) == pending[graded.student]:
+                        book.add(graded.student, sorted(done[graded.student], key=lambda g: g.name))
+            except BaseException:  # an interrupt: the notebooks not started stay ungraded
+                for future in futures:
+                    future.cancel()
+                raise
+    finally:
+        progress.close()
+    return columns, book.rows
+
+
+# ---- what the old API offered, for tests that run one notebook ------------------------------------
+def execute_submission(path, lab, timeout=900):
+    """Run a submission against ``lab`` (a generated lab notebook) with its check cells
+    restored, ``timeout`` seconds per cell. Returns the executed notebook and
+    {check cell id: exercise}."""
+    from course_lib.grading.submissions import _check_names, lab_checks
+
+    lab_obj = Lab(Path(path).stem, Path(path), lab, [], lab_checks(lab), _check_names(lab))
+    with tempfile.TemporaryDirectory(prefix="grade-") as work:
+        nb, checks, _ = prepare(nbformat.read(path, as_version=4), lab_obj,
+                                {"OUTPUT_DIR": work})
+        execution = runner.execute(nb, checks, lab_obj.check_modules, lab_obj.check_names,
+                                   work, timeout=float("inf"), cell_timeout=timeout)
+    return execution.nb, checks
+
+
+# ---- command line ------------------------------------------------------------------------------
+def _slice(text):
+    found = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not found or not int(found[1]) < int(found[2]):
+        raise argparse.ArgumentTypeError(f"--slice takes i/n with 0 <= i < n, got {text!r}")
+    return int(found[1]), int(found[2])
+
+
+def _param(text):
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--param takes NAME=VALUE, got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m course_lib.grade", description=__doc__,
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        parser = argparse.ArgumentParser(prog="python -m course_lib.grading.gradebook merge")
+        parser.add_argument("parts", nargs="+")
+        parser.add_argument("--out", default="gradebook.csv")
+        ns = parser.parse_args(argv[1:])
+        try:
+            columns, rows = merge(ns.parts, ns.out)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {ns.out}: {len(rows)} student(s), {len(columns)} exercise(s)")
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m course_lib.grading.gradebook",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("submissions")
-    parser.add_argument("--out", default="gradebook.csv")
+    parser.add_argument("--out", default="gradebook.csv", help="the gradebook CSV")
+    parser.add_argument("--files", default=None,
+                        help="executed notebooks, feedback and outputs (default: beside --out)")
     parser.add_argument("--solutions", default="solutions")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per cell")
+    parser.add_argument("--lab", action="append", default=None,
+                        help="grade only this lab (e.g. 00); repeat for several")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per notebook")
+    parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
+    parser.add_argument("--slice", type=_slice, default=(0, 1), metavar="I/N",
+                        help="grade only students I, I+N, I+2N, ... (0 <= I < N)")
+    parser.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+                        help="a parameter for every notebook (e.g. NPROC=2)")
     ns = parser.parse_args(argv)
     if not Path(ns.submissions).is_dir():
         print(f"error: no submissions folder {ns.submissions!r}", file=sys.stderr)
         return 2
-    columns, rows = gradebook(ns.submissions, ns.solutions, ns.timeout)
-    with open(ns.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["student", *columns, "total"])
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {ns.out}: {len(rows)} student(s), {len(columns)} exercise(s)")
+    cores = os.cpu_count() or 1
+    if ns.jobs > max(1, cores // 2):
+        print(f"note: --jobs {ns.jobs} on {cores} cores: each notebook is a kernel and a few "
+              f"ranks, and checks that compete for cores take longer (about one per two "
+              f"cores is the most that helps)", file=sys.stderr)
+    started = time.monotonic()
+    try:
+        columns, rows = gradebook(ns.submissions, ns.solutions, ns.out, ns.files, ns.timeout,
+                                  ns.cell_timeout, ns.jobs, ns.slice, ns.lab, dict(ns.param))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seconds = time.monotonic() - started
+    print(f"wrote {ns.out}: {len(rows)} student(s), {len(columns)} exercise(s) in {seconds:.0f} s"
+          + (f" ({seconds / len(rows):.0f} s per student)" if rows else ""))
     return 0
 
 

@@ -22,7 +22,7 @@ from course_lib.models import GPT, GPTConfig, deep_mlp
 
 def check_param_count(param_count, trials=12):
     ex = "Exercise 3.1"
-    with checks.in_process(ex):
+    with checks.in_process(ex, param_count):
         rng = random.Random(0)
         for _ in range(trials):
             heads = rng.choice([1, 2, 4])
@@ -59,7 +59,7 @@ def check_zero_bytes(zero_bytes, trials=200):
              1: "stage 1 shards only the optimizer state: 2P + 2P + 12P/n",
              2: "stage 2 shards the gradients too: 2P + (2P + 12P)/n",
              3: "stage 3 shards everything: 16P/n"}
-    with checks.in_process(ex):
+    with checks.in_process(ex, zero_bytes):
         rng = random.Random(1)
         cases = [(7_000_000_000, 8, s) for s in range(4)]
         cases += [(rng.randint(1, 10**10), rng.randint(1, 64), rng.randint(0, 3))
@@ -78,7 +78,7 @@ def check_zero_bytes(zero_bytes, trials=200):
 
 def check_shard_bounds(shard_bounds, trials=300):
     ex = "Exercise 3.3"
-    with checks.in_process(ex):
+    with checks.in_process(ex, shard_bounds):
         rng = random.Random(2)
         cases = [(10, 3), (9, 3), (1, 4), (0, 2), (7, 1)]
         cases += [(rng.randint(0, 1000), rng.randint(1, 9)) for _ in range(trials)]

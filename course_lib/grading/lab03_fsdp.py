@@ -26,7 +26,7 @@ UNIT_ROWS, UNIT_STEPS, UNIT_LR = 2, 2, 1e-2
 
 def check_flatten_and_shard(flatten_and_shard, trials=60):
     ex = "Exercise 3.5"
-    with checks.in_process(ex):
+    with checks.in_process(ex, flatten_and_shard):
         rng = random.Random(4)
         cases = [[(5, 1), (2,)], [(3, 3)], [(1,)], [(2, 3), (4,), (1, 1)]]
         cases += [[tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 2)))
@@ -216,7 +216,7 @@ def _probe_hooks(ex, free_between_passes):
 
 def check_free_between_passes(free_between_passes, world_sizes=(2, 3)):
     ex = "Exercise 3.7"
-    with checks.in_process(ex):
+    with checks.in_process(ex, free_between_passes):
         _probe_hooks(ex, free_between_passes)
     for n in world_sizes:
         outs = checks.launch(ex, _unit_job, "hooks", free_between_passes, nproc=n, timeout=90)
@@ -240,7 +240,7 @@ def check_prefetch_plan(units_to_prefetch, trials=200):
     ex = "Exercise 3.8"
     from course_lib.fsdp import prefetch_targets
 
-    with checks.in_process(ex):
+    with checks.in_process(ex, units_to_prefetch):
         rng = random.Random(5)
         cases = [(5, 1, 1, False), (5, 3, 1, True), (5, 4, 2, False), (5, 1, 2, True),
                  (4, 0, 1, True), (4, 3, 1, False)]

@@ -8,17 +8,26 @@ marker's indentation::
 
 The exercise id and title come from the nearest markdown heading above that
 reads ``Exercise N.M: title``. ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN
-TESTS`` regions are dropped. Outputs and execution counts are cleared. A
-marker left open, nested, closed without opening, or a solution with no
-exercise heading above it is an error naming the notebook, cell and line.
+TESTS`` regions are dropped (the grader puts them back: ``keep_hidden``).
+Outputs, execution counts and nbgrader's cell metadata are cleared. A marker
+left open, nested, closed without opening, or a solution with no exercise
+heading above it is an error naming the notebook, cell and line.
+
+The solutions also carry nbgrader's cell metadata, so that a course on nbgrader
+can take them as its source notebooks: a cell with a solution region is a
+solution cell, a check cell is a locked grade cell worth one point, and each
+``grade_id`` is the exercise id (``exercise_0_1``, ``exercise_0_1_solution``).
+``--nbgrader`` (re)writes that metadata, and nothing else, into the solutions.
 
     python -m course_lib.grading.labgen solutions labs            # write labs/
     python -m course_lib.grading.labgen solutions labs --check    # exit 1 if labs/ is stale
+    python -m course_lib.grading.labgen --nbgrader solutions [--check]   # nbgrader metadata
     python -m course_lib.grading.labgen --record solutions/00_launch.ipynb   # nbval's outputs
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -45,8 +54,9 @@ def exercises_in(nb):
     return found
 
 
-def strip_source(source, exercise, where, markdown=False):
-    """Replace solution regions in one cell's source; drop hidden-test regions."""
+def strip_source(source, exercise, where, markdown=False, keep_hidden=False):
+    """Replace solution regions in one cell's source; drop hidden-test regions (with
+    ``keep_hidden``, only their marker lines)."""
     out, region, indent, start = [], None, "", 0
     for lineno, line in enumerate(source.splitlines(), 1):
         marker = line.strip()
@@ -69,15 +79,16 @@ def strip_source(source, exercise, where, markdown=False):
                 raise LabGenError(f"{where}, line {lineno}: {marker!r} without a matching "
                                   f"{expected!r}")
             region = None
-        elif region is None:
+        elif region is None or (region == BEGIN_HIDDEN and keep_hidden):
             out.append(line)
     if region is not None:
         raise LabGenError(f"{where}, line {start}: {region!r} is never closed")
     return "\n".join(out)
 
 
-def make_lab(nb, name="notebook"):
-    """A new notebook: ``nb`` with solutions stubbed and outputs cleared."""
+def make_lab(nb, name="notebook", keep_hidden=False):
+    """A new notebook: ``nb`` with solutions stubbed and outputs cleared (and, unless
+    ``keep_hidden``, hidden tests removed: what the grader runs keeps them)."""
     lab = nbformat.reads(nbformat.writes(nb), as_version=4)
     exercise = None
     for index, cell in enumerate(lab.cells):
@@ -85,15 +96,17 @@ def make_lab(nb, name="notebook"):
         if cell.cell_type == "markdown":
             source = cell.source
             headings = list(EXERCISE_HEADING.finditer(source))
-            cell.source = strip_source(source, exercise, where, markdown=True)
+            cell.source = strip_source(source, exercise, where, markdown=True,
+                                       keep_hidden=keep_hidden)
             if headings:
                 exercise = (f"Exercise {headings[-1].group(2)}", headings[-1].group(3).strip())
         elif cell.cell_type == "code":
-            cell.source = strip_source(cell.source, exercise, where)
+            cell.source = strip_source(cell.source, exercise, where, keep_hidden=keep_hidden)
             cell.outputs = []
             cell.execution_count = None
         cell.metadata.pop("execution", None)
         cell.metadata.pop("papermill", None)
+        cell.metadata.pop("nbgrader", None)  # the students' copy is not an nbgrader release
     lab.metadata = {"kernelspec": dict(KERNELSPEC),
                     "language_info": {"name": "python"}}
     return lab
@@ -126,6 +139,75 @@ def generate(solutions_dir, labs_dir, check=False):
     return stale + orphans
 
 
+# ---- nbgrader's cell metadata on the solutions ------------------------------------------------
+NBGRADER_SCHEMA = 3
+
+
+def grade_id(exercise, suffix=""):
+    """nbgrader's id for ``exercise`` ("Exercise 0.1" -> "exercise_0_1"): its ids allow
+    only letters, digits, ``_`` and ``-``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", exercise).strip("_").lower() + suffix
+
+
+def nbgrader_cells(nb, name="notebook"):
+    """[nbgrader metadata or None] for each cell of a solution notebook: solution cells
+    (a solution region), grade cells (tag ``check``: locked, one point), nothing else."""
+    found, exercise, solutions = [], None, {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            headings = EXERCISE_HEADING.findall(cell.source)
+        has_solution = any(line.strip() == BEGIN for line in cell.source.splitlines())
+        meta = None
+        if "check" in cell.metadata.get("tags", []):
+            if exercise is None:
+                raise LabGenError(f"{name}, cell {index}: a check cell with no 'Exercise N.M' "
+                                  f"heading above it")
+            meta = {"grade": True, "solution": False, "locked": True, "points": 1,
+                    "grade_id": grade_id(exercise)}
+        elif has_solution and exercise is not None:
+            count = solutions[exercise] = solutions.get(exercise, 0) + 1
+            meta = {"grade": cell.cell_type == "markdown", "solution": True, "locked": False,
+                    "grade_id": grade_id(exercise, "_solution" + (f"_{count}" if count > 1 else ""))}
+            if cell.cell_type == "markdown":  # nbgrader grades a written answer by hand
+                meta["points"] = 0
+        if meta is not None:
+            meta["schema_version"] = NBGRADER_SCHEMA
+        found.append(meta)
+        if cell.cell_type == "markdown" and headings:
+            exercise = headings[-1][0]
+    return found
+
+
+def _notebook_json(data):
+    """The text nbformat writes for ``data`` (sorted keys, one-space indent)."""
+    return json.dumps(data, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def stamp_nbgrader(path, check=False):
+    """Write nbgrader's metadata into a solution notebook, touching nothing but the
+    ``nbgrader`` key of cell metadata. Returns True when it was (or, with ``check``,
+    would be) changed. Refuses a file nbformat did not write as is, rather than
+    reformat someone's notebook."""
+    path = Path(path)
+    text = path.read_text()
+    data = json.loads(text)
+    if _notebook_json(data) not in (text, text + "\n"):
+        raise LabGenError(f"{path}: not in nbformat's own layout; open and save it with "
+                          f"nbformat (make labs) first")
+    wanted = nbgrader_cells(nbformat.reads(text, as_version=4), path.name)
+    for cell, meta in zip(data["cells"], wanted):
+        if meta is None:
+            cell.get("metadata", {}).pop("nbgrader", None)
+        else:
+            cell.setdefault("metadata", {})["nbgrader"] = meta
+    new = _notebook_json(data)
+    if new == text:
+        return False
+    if not check:
+        path.write_text(new)
+    return True
+
+
 def record_checked_outputs(path, timeout=900):
     """Execute a solution notebook and store outputs only in the cells nbval
     compares (``# NBVAL_CHECK_OUTPUT``); every other cell is left without output."""
@@ -152,6 +234,8 @@ def main(argv=None):
     parser.add_argument("solutions", nargs="?", default="solutions")
     parser.add_argument("labs", nargs="?", default="labs")
     parser.add_argument("--check", action="store_true", help="only report stale labs")
+    parser.add_argument("--nbgrader", action="store_true",
+                        help="(re)write nbgrader's cell metadata into the solution notebooks")
     parser.add_argument("--record", metavar="NOTEBOOK", nargs="+",
                         help="execute these solution notebooks and store the outputs of "
                              "their NBVAL_CHECK_OUTPUT cells (authors only)")
@@ -160,6 +244,16 @@ def main(argv=None):
         for path in ns.record:
             record_checked_outputs(path)
             print(f"recorded checked outputs of {path}")
+    if ns.nbgrader:
+        try:
+            changed = [p for p in sorted(Path(ns.solutions).glob("[0-9][0-9]_*.ipynb"))
+                       if stamp_nbgrader(p, check=ns.check)]
+        except LabGenError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for path in changed:
+            print(("stale nbgrader metadata: " if ns.check else "wrote: ") + str(path))
+        return 1 if ns.check and changed else 0
     try:
         stale = generate(ns.solutions, ns.labs, check=ns.check)
     except LabGenError as exc:

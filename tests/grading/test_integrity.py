@@ -1,0 +1,212 @@
+"""Reference detection, the static scan of a submission's cells, and the kernel guard."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ship_by_value
+from course_lib import comm
+from course_lib.collectives import p2p
+from course_lib.grading import checks, integrity, references
+from course_lib.grading.labgen import exercises_in
+
+ship_by_value(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def my_ring_shift(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty_like(x)
+    comm.exchange(sends=[(x, (rank + 1) % world)], recvs=[(out, (rank - 1) % world)])
+    return out
+
+
+def calls_the_reference(x):
+    return p2p.ring_shift(x)
+
+
+def through_a_helper(x):
+    return calls_the_reference(x)
+
+
+def imports_it_inside(x):
+    from course_lib.collectives.p2p import ring_shift as theirs
+    return theirs(x)
+
+
+def test_every_registered_reference_resolves():
+    for exercise, entries in references.REFERENCES.items():
+        for entry in entries:
+            assert references.resolve(entry) is not None, (exercise, entry)
+
+
+@pytest.mark.parametrize("fn,found", [
+    (p2p.ring_shift, "ring_shift is course_lib.collectives.p2p.ring_shift"),
+    (calls_the_reference, "calls_the_reference uses course_lib.collectives.p2p.ring_shift"),
+    (through_a_helper, "through_a_helper -> calls_the_reference uses course_lib.collectives"),
+    (imports_it_inside, "imports_it_inside uses course_lib.collectives.p2p.ring_shift"),
+])
+def test_reference_use_is_found_directly_through_helpers_and_imports(fn, found):
+    (line,) = references.reference_use("Exercise 0.3", [fn])
+    assert line.startswith(found)
+
+
+def test_own_code_and_other_exercises_references_are_not_reported():
+    assert references.reference_use("Exercise 0.3", [my_ring_shift]) == []
+    # token_ring's reference is another exercise's business
+    assert references.reference_use("Exercise 0.2", [calls_the_reference]) == []
+    assert references.reference_use("Exercise 9.9", [p2p.ring_shift]) == []
+
+
+def test_a_class_deriving_from_the_reference_is_reported():
+    from course_lib.ddp import DDP
+
+    class MyDDP(DDP):
+        pass
+
+    assert references.reference_use("Exercise 2.3", [MyDDP]) == [
+        "test_a_class_deriving_from_the_reference_is_reported.<locals>.MyDDP derives from "
+        "course_lib.ddp.bucketed.DDP"]
+
+
+def test_autograd_functions_own_and_the_reference():
+    """An autograd Function and its backward class name each other: no endless walk."""
+    from course_lib.fsdp.unit import GatherShards
+
+    class MyGather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, shard, group):
+            return shard.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+
+    class Copied(torch.autograd.Function):
+        forward = staticmethod(GatherShards.forward)
+        backward = staticmethod(GatherShards.backward)
+
+    assert references.reference_use("Exercise 3.6", [MyGather]) == []
+    assert references.reference_use("Exercise 3.6", [GatherShards]) == [
+        "GatherShards is course_lib.fsdp.unit.GatherShards"]
+    assert references.reference_use("Exercise 3.6", {"Copied": Copied}) == [
+        "Copied.forward has the code of course_lib.fsdp.unit.GatherShards",
+        "Copied.backward has the code of course_lib.fsdp.unit.GatherShards"]
+
+
+def test_launch_refuses_the_reference_before_starting_a_job():
+    checks.guard_references(True)
+    try:
+        with pytest.raises(checks.CheckFailed, match="course_lib's own implementation") as info:
+            checks.launch("Exercise 0.3", calls_the_reference, torch.ones(3), nproc=2)
+        assert "calls_the_reference uses course_lib.collectives.p2p.ring_shift" in str(info.value)
+        assert checks.outcome("Exercise 0.3") == "failed"
+        with pytest.raises(checks.CheckFailed, match="own implementation"):
+            with checks.in_process("Exercise 3.8", references.resolve(
+                    "course_lib.fsdp.fsdp:prefetch_targets")):
+                pass
+        # the student's own code goes through, on real ranks
+        out = checks.launch("Exercise 0.3", my_ring_shift, torch.arange(4.0), nproc=2)
+        assert [t.tolist() for t in out] == [[0, 1, 2, 3]] * 2
+    finally:
+        checks.guard_references(None)
+
+
+def test_outside_a_kernel_the_guard_is_off_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("COURSE_LIB_REFERENCE_GUARD", raising=False)
+    with checks.in_process("Exercise 3.8", references.resolve("course_lib.fsdp.fsdp:prefetch_targets")):
+        pass  # the library's tests hand the references to the checks as known-good answers
+    monkeypatch.setenv("COURSE_LIB_REFERENCE_GUARD", "1")
+    with pytest.raises(checks.CheckFailed):
+        with checks.in_process("Exercise 3.8", references.resolve(
+                "course_lib.fsdp.fsdp:prefetch_targets")):
+            pass
+
+
+# ---- the static scan ---------------------------------------------------------------------------
+LAB00 = nbformat.read(ROOT / "labs" / "00_launch.ipynb", as_version=4)
+LAB_SOURCES = [c.source for c in LAB00.cells if c.cell_type == "code"]
+EXERCISES = [ex for ex, _ in exercises_in(LAB00)]
+
+
+def scan(*cells):
+    return integrity.scan([(f"cell {i}", src) for i, src in enumerate(cells)], LAB_SOURCES,
+                          EXERCISES)
+
+
+def test_the_lab_itself_is_never_flagged():
+    assert scan(*LAB_SOURCES) == []
+    # its setup cell, edited: only the new import is the student's
+    setup = next(s for s in LAB_SOURCES if "from course_lib.collectives.p2p import" in s)
+    assert scan(setup + "\nimport numpy\nfrom course_lib.collectives.p2p import ring_shift") == [
+        "cell 0: imports ring_shift from course_lib.collectives.p2p (course_lib's implementation "
+        "of Exercise 0.3)"]
+
+
+@pytest.mark.parametrize("source,flag", [
+    ("import course_lib.collectives.p2p as p", "imports course_lib.collectives.p2p (a module holding"),
+    ("from course_lib.collectives import p2p", "imports p2p from course_lib.collectives"),
+    ("from course_lib.grading import guard", "imports guard from course_lib.grading (the grader's"),
+    ("checks.expect_close = lambda *a, **k: None", "assigns to course_lib.grading.checks.expect_close"),
+    ("lab00.check_ring_shift = print", "assigns to course_lib.grading.lab00.check_ring_shift"),
+    ("torch.testing.assert_close = None", "assigns to torch.testing.assert_close"),
+    ("import torch.testing as tt\ntt.assert_close = None", "assigns to torch.testing.assert_close"),
+    ("del checks.expect_equal", "deletes course_lib.grading.checks.expect_equal"),
+    ("setattr(lab00, 'check_ping_pong', print)", "calls setattr on course_lib.grading.lab00"),
+    ("vars(checks)['passed'] = print", "assigns to course_lib.grading.checks"),
+    ("import sys\nsys.stdout = open('x', 'w')", "assigns to sys.stdout"),
+    ("def ping_pong(p, i):\n    comm.counting = None", "assigns to course_lib.comm.counting"),
+    ("%%torchrun -n 2\nimport course_lib.comm as c\nc.send = print", "assigns to course_lib.comm.send"),
+    ("print('✓ Exercise 0.2 passed')", "writes a pass line ('✓ Exercise 0.2 passed')"),
+    ("checks.passed('Exercise 0.1')", "calls checks.passed itself"),
+])
+def test_tampering_is_flagged(source, flag):
+    found = scan(source)
+    assert any(line.startswith(f"cell 0: {flag}") for line in found), found
+
+
+def test_harmless_code_is_not_flagged():
+    assert scan("x = torch.zeros(3)\nx.add_(1)\nmodel.weight = None\nimport numpy as np",
+                "def f():\n    return dist.get_rank()", "%timeit f()", "os.environ['A'] = '1'") == []
+
+
+# ---- the kernel guard, in a process of its own (it reloads the checks) ----------------------------
+def test_guard_undoes_patches_and_reloads_the_checks():
+    script = textwrap.dedent('''
+        import json, torch
+        from course_lib.grading import guard, checks, lab00
+        guard.install(["course_lib.grading.lab00"])
+        checks.expect_close = lambda *a, **k: None
+        lab00.check_ring_shift.__code__ = (lambda *a, **k: None).__code__
+        torch.testing.assert_close = lambda *a, **k: None
+        torch.Tensor.__eq__ = lambda a, b: True
+        checks._record("Exercise 0.1", "failed")
+        guard.before_check("Exercise 0.3", {"checks": "course_lib.grading.checks"})
+        assert checks.expect_close.__name__ == "expect_close"
+        assert lab00.check_ring_shift.__code__.co_name == "check_ring_shift"
+        assert torch.testing.assert_close.__module__.startswith("torch.testing")
+        assert not bool((torch.tensor([1]) == torch.tensor([2])).all())
+        assert checks.outcome("Exercise 0.1") == "failed"  # ready() still knows the past
+        guard.after_check("Exercise 0.3")
+        checks.expect_equal = None
+        guard.after_check("Exercise 0.3")
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    events = [line for line in done.stdout.splitlines() if line.startswith("COURSE_LIB_GUARD ")]
+    import json
+
+    install, before, clean, dirty = [json.loads(e.split(" ", 1)[1]) for e in events]
+    assert install["event"] == "install" and install["protected"] > 100
+    assert sorted(before["changes"]) == [
+        "course_lib.grading.checks.expect_close was replaced",
+        "course_lib.grading.lab00.check_ring_shift had its code or defaults changed",
+        "torch.Tensor.__eq__ was set", "torch.testing.assert_close was replaced"]
+    assert clean["changes"] == []
+    assert dirty["changes"] == ["course_lib.grading.checks.expect_equal was replaced"]
