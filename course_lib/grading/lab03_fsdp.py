@@ -192,6 +192,12 @@ def _probe_hooks(ex, free_between_passes):
         raise checks.CheckFailed(f"{ex}: pack returned the view of the full parameters itself, "
                                  f"so autograd keeps them alive until backward.\nHint: pack "
                                  f"a view of `full` as (offset, size, stride) instead.")
+    kept = [t for t in _tensors_in(packed) if t.numel() * t.element_size() >= view.nbytes]
+    if kept:
+        raise checks.CheckFailed(f"{ex}: pack kept a tensor as large as the view ({kept[0].numel()} "
+                                 f"elements), a copy of the parameters: freeing `full` then "
+                                 f"saves nothing.\nHint: keep only where the view lies in "
+                                 f"`full` (offset, size, stride) and rebuild it in unpack.")
     full.untyped_storage().resize_(0)  # what the unit does after forward
     try:
         back = unpack(packed)
@@ -212,6 +218,17 @@ def _probe_hooks(ex, free_between_passes):
     if not torch.equal(unpack(pack(other)), other):
         raise checks.CheckFailed(f"{ex}: a tensor that is not a view of the full parameters "
                                  f"(an activation) must come back unchanged from pack/unpack.")
+
+
+def _tensors_in(packed, depth=3):
+    """The tensors inside what pack returned (a tensor, or containers of them)."""
+    if isinstance(packed, torch.Tensor):
+        return [packed]
+    if depth and isinstance(packed, (tuple, list)):
+        return [t for item in packed for t in _tensors_in(item, depth - 1)]
+    if depth and isinstance(packed, dict):
+        return [t for item in packed.values() for t in _tensors_in(item, depth - 1)]
+    return []
 
 
 def check_free_between_passes(free_between_passes, world_sizes=(2, 3)):

@@ -95,6 +95,22 @@ def keep_everything(full, regather):
     return (lambda t: t), (lambda t: t)
 
 
+def free_between_passes_keeping_a_copy(full, regather):
+    """Passes the training comparison, but keeps a full copy: nothing is saved."""
+    storage = full.untyped_storage().data_ptr()
+
+    def pack(t):
+        return ("copy", t.clone()) if t.untyped_storage().data_ptr() == storage else t
+
+    def unpack(saved):
+        if isinstance(saved, tuple):
+            regather()
+            return saved[1]
+        return saved
+
+    return pack, unpack
+
+
 def free_between_passes_no_regather(full, regather):
     pack, unpack = free_between_passes(full, lambda: None)
     return pack, unpack
@@ -129,6 +145,7 @@ def test_solutions_pass(capsys):
     (lab03_fsdp.check_flatten_and_shard, flatten_and_shard_no_padding, "padded size"),
     (lab03_fsdp.check_flatten_and_shard, flatten_and_shard_view, r"\.clone\(\) the slice"),
     (lab03_fsdp.check_free_between_passes, keep_everything, "pack returned the view"),
+    (lab03_fsdp.check_free_between_passes, free_between_passes_keeping_a_copy, "a copy of the"),
     (lab03_fsdp.check_free_between_passes, free_between_passes_no_regather,
      "did not call regather"),
     (lab03_fsdp.check_prefetch_plan, units_to_prefetch_forward_only, "in backward the units run"),
