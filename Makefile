@@ -13,7 +13,7 @@ GRADEBOOK ?= grades/gradebook.csv
 GRADE_TIMEOUT ?= 900
 JOBS ?= 1
 
-.PHONY: setup run test test-gpu test-browser lab labs grade bench clean
+.PHONY: setup run test test-slow test-gpu test-browser lab labs grade bench clean
 
 setup: $(STAMP)
 
@@ -33,7 +33,11 @@ run: setup
 		--backend $(BACKEND) $(if $(ONLY),--only $(ONLY)) $(if $(OUT),--out $(OUT))
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
+
+# tests that run a whole lab again (e.g. grading the real Lab 00): CI runs them after `make test`
+test-slow: setup
+	$(BIN)/python -m pytest tests -m slow -p no:cacheprovider
 
 # NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
 test-gpu: setup
