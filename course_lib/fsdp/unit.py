@@ -215,12 +215,13 @@ def full_state_dict(root):
     state = {}
     for prefix, unit in root.named_modules():
         if isinstance(unit, ShardedUnit):
-            base = _original_name(prefix)
+            base = original_name(prefix)
             for name, tensor in unit.full_tensors().items():
-                state[_original_name(f"{base}.{name}" if base else name)] = tensor
+                state[original_name(f"{base}.{name}" if base else name)] = tensor
     return state
 
 
-def _original_name(name):
-    """"module.blocks.0.module.ln1.weight" -> "blocks.0.ln1.weight"."""
+def original_name(name):
+    """A parameter's name in the model before :func:`shard_model` wrapped it:
+    "module.blocks.0.module.ln1.weight" -> "blocks.0.ln1.weight"."""
     return ".".join(part for part in name.split(".") if part != "module")

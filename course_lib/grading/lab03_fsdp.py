@@ -68,7 +68,7 @@ def _unit_job(piece, fn):
     """Train the GPT with every block (and the root) a ShardedUnit using the student's
     ``piece`` ("gather": 3.6, no resharding; "hooks": 3.7, full sharding)."""
     from course_lib import comm
-    from course_lib.fsdp.unit import ShardedUnit, full_state_dict, shard_model
+    from course_lib.fsdp.unit import ShardedUnit, full_state_dict, original_name, shard_model
     from course_lib.models import Block
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -78,7 +78,7 @@ def _unit_job(piece, fn):
     else:
         model = shard_model(GPT(UNIT_CFG), (Block,), hooks=fn)
     units = [(name, u) for name, u in model.named_modules() if isinstance(u, ShardedUnit)]
-    layout = [[_original(f"{name}.{p}" if name else p) for p in u.names] for name, u in units]
+    layout = [[original_name(f"{name}.{p}" if name else p) for p in u.names] for name, u in units]
     opt = torch.optim.AdamW(model.parameters(), lr=UNIT_LR)
     x, y = _unit_batch(world)
     mine = slice(rank * UNIT_ROWS, (rank + 1) * UNIT_ROWS)
@@ -94,10 +94,6 @@ def _unit_job(piece, fn):
             opt.step()
     return (full_state_dict(model), first, layout, [u.padded for _, u in units], stats.as_dict(),
             whole_after_forward)
-
-
-def _original(name):
-    return ".".join(part for part in name.split(".") if part != "module")
 
 
 def _unit_batch(world):
