@@ -17,7 +17,9 @@ def fake_cluster(tmp_path, nodelist="gpu[07-08]"):
     bin_dir.mkdir()
     record = f'#!/bin/bash\necho "$(basename "$0") $*" >> {shlex.quote(str(log))}\n'
     scripts = {
-        "scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && printf "gpu07\\ngpu08\\n"\n',
+        # a long allocation: the list outlasts one pipe write, as a real one of many nodes does
+        "scontrol": ('#!/bin/bash\n[ "$1 $2" = "show hostnames" ] || exit 1\n'
+                     'printf "gpu07\\ngpu08\\n"; for i in $(seq 100 20100); do echo "gpu$i"; done\n'),
         "srun": record + 'exec "$@"\n',
         "torchrun": record,
         "python": record,
