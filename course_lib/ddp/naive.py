@@ -130,6 +130,13 @@ class NaiveDDP(_DataParallel):
         if self._queued:  # a backward that raised never reached its end-of-backward callback
             self._queued = self._sync_backward = False
 
+    def sync_gradients(self):
+        """Average the gradients accumulated so far, now. For a loop whose backward
+        passes come in an order no forward can announce (a pipeline stage's
+        microbatches, Lab 06): leave ``require_backward_grad_sync`` False and call
+        this once after the last backward of the step."""
+        self._sync()
+
     def _hook(self, param):
         if self._sync_backward and not self._queued:
             self._queued = True

@@ -29,6 +29,7 @@ weight: each parameter is a fresh tensor of the slice's size.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -102,6 +103,22 @@ class _ParallelLinear(nn.Module):
         if full_bias is not None:
             self.bias.copy_(self.shard_bias(full_bias))
 
+    @torch.no_grad()
+    def dense_state(self):
+        """{"weight", "bias"}: the dense layer's full tensors, put back together
+        from every rank's slice by an all-gather over the group (uncounted: it
+        is for checking and saving, not part of a training step). Every rank
+        of the group must call it."""
+        return {name: self._unshard(name, tensor) for name, tensor in
+                (("weight", self.weight), ("bias", self.bias)) if tensor is not None}
+
+    def _gather(self, tensor):
+        if self.t == 1:
+            return [tensor.detach().clone()]
+        pieces = [torch.empty_like(tensor) for _ in range(self.t)]
+        dist.all_gather(pieces, tensor.detach().contiguous(), group=self.group)
+        return pieces
+
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, t={self.t}, rank={self.rank}, "
@@ -139,6 +156,13 @@ class ColumnParallelLinear(_ParallelLinear):
     def shard_bias(self, full):
         """This rank's slice of the dense layer's (out,) bias."""
         return column_shard(full, self.rank, self.t, self.parts)
+
+    def _unshard(self, name, tensor):
+        # slice r holds block r of every part: stack the ranks inside each part
+        pieces = self._gather(tensor)
+        tail = tensor.shape[1:]
+        blocks = torch.stack([p.reshape(self.parts, -1, *tail) for p in pieces], dim=1)
+        return blocks.reshape(self.out_features, *tail)
 
     def local(self, x):
         """X A_r + b_r on an X that has already been through f."""
@@ -178,6 +202,9 @@ class RowParallelLinear(_ParallelLinear):
     def shard_bias(self, full):
         """The whole bias: every rank holds it."""
         return full.clone()
+
+    def _unshard(self, name, tensor):
+        return torch.cat(self._gather(tensor), dim=1) if name == "weight" else tensor.detach().clone()
 
     def partial(self, x):
         """X_r A_r: this rank's partial sum, before g and without the bias."""

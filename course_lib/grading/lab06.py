@@ -1,0 +1,142 @@
+"""Checks of Lab 06's exercises: the capstone.
+
+6.1 (ranks to mesh coordinates, and the groups) compares the student's
+arithmetic with :class:`~course_lib.mesh.ParallelDims` for many shapes, odd ones
+included, then builds the student's groups on 4 real ranks for three layouts
+and asserts each group's members and that a collective over it sums exactly
+those ranks. 6.2 (parameters per rank under each strategy) and 6.3 (choosing a
+mesh for a real run) are arithmetic, checked in the notebook's process against
+the library's formulas and a brute-force search.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course_lib.grading import checks
+from course_lib.mesh import DIMS, ParallelDims
+from course_lib.models import GPTConfig
+
+EX_COORDS, EX_PARAMS, EX_PLAN = (f"Exercise 6.{i}" for i in range(1, 4))
+
+# (pp, dp, tp): every dim alone, pairs, odd sizes, and a 3-D grid
+SHAPES = [(1, 1, 1), (1, 4, 1), (1, 1, 4), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 1),
+          (1, 3, 2), (3, 2, 1), (2, 3, 1), (2, 2, 2), (3, 1, 3), (2, 3, 2)]
+LAUNCHED = [(1, 2, 2), (2, 2, 1), (2, 1, 2)]  # on 4 ranks
+
+
+def _layout_hint():
+    return ("the layout puts tp fastest, then dp, then pp: rank = (pp_i * dp + dp_i) * tp + "
+            "tp_i; the group along a dim holds the ranks that share the other two "
+            "coordinates, ordered by the coordinate along that dim")
+
+
+# ---- 6.1: ranks to coordinates, and the groups ---------------------------------------------
+def _expect(ex, got, want, what):
+    if isinstance(got, list):
+        got = tuple(got)
+    if got != want:
+        raise checks.CheckFailed(f"{ex}: {what}: expected {want!r}, got {got!r}.\nHint: "
+                                 f"{_layout_hint()}.", exercise=ex)
+
+
+def _groups_job(build_groups, shapes):
+    """On a rank: for each shape, the student's groups' members and the sum of the
+    global ranks an all-reduce over each group gives."""
+    out = []
+    for pp, dp, tp in shapes:
+        groups = build_groups(pp, dp, tp)
+        found = {}
+        for name in DIMS:
+            group = groups[name] if isinstance(groups, dict) and name in groups else None
+            if group is None:
+                found[name] = None
+                continue
+            total = torch.tensor([float(dist.get_rank())])
+            dist.all_reduce(total, group=group)
+            found[name] = (dist.get_process_group_ranks(group), int(total.item()))
+        out.append(found)
+    return out
+
+
+def check_mesh_groups(coords_of, group_ranks, build_groups):
+    ex = EX_COORDS
+    with checks.in_process(ex, coords_of, group_ranks, build_groups):
+        for pp, dp, tp in SHAPES:
+            dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+            shape = f"pp={pp}, dp={dp}, tp={tp}"
+            for rank in range(dims.world_size):
+                _expect(ex, coords_of(rank, pp, dp, tp), tuple(dims.coords_of(rank)),
+                        f"coords_of({rank}) with {shape}")
+                for name in DIMS:
+                    _expect(ex, group_ranks(name, rank, pp, dp, tp),
+                            tuple(dims.group_ranks(name, rank)),
+                            f"group_ranks({name!r}, {rank}) with {shape}")
+    outs = checks.launch(ex, _groups_job, build_groups, LAUNCHED, nproc=4)
+    for rank, per_shape in enumerate(outs):
+        for (pp, dp, tp), found in zip(LAUNCHED, per_shape):
+            dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+            for name in DIMS:
+                want = dims.group_ranks(name, rank)
+                where = f"rank {rank} of 4, pp={pp}, dp={dp}, tp={tp}, the {name} group"
+                if found[name] is None:
+                    raise checks.CheckFailed(
+                        f"{ex}: {where}: build_groups returned no group for {name!r}.\nHint: "
+                        f"return a dict with a process group for each of 'pp', 'dp' and 'tp' "
+                        f"(a dim of size 1 too: a group of one rank).", exercise=ex)
+                members, total = found[name]
+                if sorted(members) != sorted(want):
+                    raise checks.CheckFailed(
+                        f"{ex}: {where} holds ranks {members}, expected {want}.\nHint: "
+                        f"{_layout_hint()}. Every rank must call dist.new_group for every "
+                        f"group of every dim, in the same order, and keep the one it is in.",
+                        exercise=ex)
+                if total != sum(want):
+                    raise checks.CheckFailed(
+                        f"{ex}: {where}: an all-reduce of the global ranks over it gave "
+                        f"{total}, expected {sum(want)} (the sum over {want}).", exercise=ex)
+    checks.passed(ex, f"{len(SHAPES)} shapes by arithmetic, 3 layouts of 4 real ranks: "
+                      f"members and an all-reduce over each group")
+
+
+# ---- 6.2: parameters per rank ----------------------------------------------------------
+PARAM_CASES = [  # (strategy, cfg, dp, inner): sizes that split evenly, and ones that do not
+    ("dp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
+    ("dp_tp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
+    ("dp_tp", GPTConfig(vocab=50, dim=24, layers=3, heads=6, seq_len=8), 1, 3),
+    ("dp_pp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
+    ("dp_pp", GPTConfig(vocab=50, dim=24, layers=5, heads=6, seq_len=8), 1, 3),
+    ("dp_pp", GPTConfig(vocab=500, dim=16, layers=4, heads=4, seq_len=8), 2, 2),
+    ("dp_fsdp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
+    ("dp_fsdp", GPTConfig(vocab=50, dim=24, layers=3, heads=6, seq_len=8), 1, 3),
+    ("dp_fsdp", GPTConfig(vocab=7, dim=4, layers=1, heads=2, seq_len=3), 2, 5),
+]
+PARAM_HINTS = {
+    "dp": "every rank holds the whole model",
+    "dp_tp": "a block's matrices (q/k/v, projection, both MLP layers) and the column layers' "
+             "biases are split t ways; its LayerNorms and the row layers' biases (the "
+             "projection's and the second MLP layer's) stay whole, as do the embeddings and "
+             "the head",
+    "dp_pp": "the stages are course_lib.pipeline.partition(gpt_piece_costs(cfg), p): take the "
+             "parameters of the pieces of the largest stage",
+    "dp_fsdp": "each unit (a block; the root: embeddings, final LayerNorm and head) is "
+               "flattened, padded to a multiple of n and cut into n equal shards",
+}
+
+
+def check_params_per_rank(params_per_rank):
+    from course_lib.hybrid.table import params_per_rank as expected
+
+    ex = EX_PARAMS
+    with checks.in_process(ex, params_per_rank):
+        for name, cfg, dp, inner in PARAM_CASES:
+            want = expected(name, cfg, dp, inner)
+            got = params_per_rank(name, cfg, dp, inner)
+            if got != want:
+                raise checks.CheckFailed(
+                    f"{ex}: params_per_rank({name!r}, {cfg}, dp={dp}, inner={inner}) = {got!r}, "
+                    f"expected {want}.\nHint: {PARAM_HINTS[name]}.", exercise=ex)
+    checks.passed(ex, f"{len(PARAM_CASES)} cases of the four strategies, uneven splits included")
+
+
+__all__ = ["check_mesh_groups", "check_params_per_rank", "SHAPES", "LAUNCHED", "PARAM_CASES"]

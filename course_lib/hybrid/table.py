@@ -1,0 +1,129 @@
+"""The strategy table (Lab 06): each strategy measured side by side in one job.
+
+For every strategy of :mod:`~course_lib.hybrid.strategies`, on the same ranks,
+the same model and the same batches:
+
+- **tokens/s**: B*T tokens per step over the slowest rank's step time, timed
+  untraced and uncounted, bracketed by device synchronisation;
+- **model state per rank**: parameters, gradients and AdamW state measured
+  (:func:`~course_lib.memory.measure.model_state_bytes_of`) beside the
+  estimator's :func:`model_state_estimate`, at the rank that holds most;
+- **peak per rank**: the highest allocation level of one step above the model
+  state (activations, gathered parameters, communication buffers), measured;
+- **bytes per step**: what each rank handed to collectives (their payloads)
+  and sent point to point, from :func:`course_lib.comm.counting`, at the rank
+  that moved most.
+
+Each of those is a separate step, so that counting and memory tracking never
+touch the timed ones.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from course_lib import comm
+from course_lib.hybrid.strategies import STRATEGIES, build
+from course_lib.memory.measure import model_state_bytes_of, peak_bytes
+from course_lib.models import GPTConfig, gpt_param_count
+from course_lib.pipeline.partition import partition
+from course_lib.pipeline.runs import corpus_batches
+from course_lib.pipeline.stage import gpt_piece_costs
+from course_lib.runtime.backend import current_device
+from course_lib.runtime.device import sync
+
+BYTES_PER_PARAM = 16  # fp32 AdamW: parameter 4 + gradient 4 + first and second moments 8
+
+
+def piece_params(cfg: GPTConfig):
+    """Parameters of the GPT's pieces in pipeline order: embeddings D(V+T), each
+    block 12D^2 + 10D, the head 2D + V(D+1) (final LayerNorm and output layer)."""
+    d, v, t = cfg.dim, cfg.vocab, cfg.seq_len
+    return [d * (v + t)] + [12 * d * d + 10 * d] * cfg.layers + [2 * d + v * (d + 1)]
+
+
+def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2):
+    """Parameters held by the rank that holds most, under strategy ``name``.
+
+    - DP: all P.
+    - DP x TP: a block's 12D^2 + 4D of matrices and column biases split t ways,
+      its 6D of LayerNorms and row biases whole; embeddings and head whole.
+    - DP x PP: the largest stage of the partition the strategy uses.
+    - DP x FSDP: each unit (a block; the root: embeddings and head) flattened,
+      padded to a multiple of n = inner and cut into n shards."""
+    d, pieces = cfg.dim, piece_params(cfg)
+    if name == "dp":
+        return gpt_param_count(cfg)
+    if name == "dp_tp":
+        block = (12 * d * d + 4 * d) // inner + 6 * d
+        return pieces[0] + cfg.layers * block + pieces[-1]
+    if name == "dp_pp":
+        ranges = partition(gpt_piece_costs(cfg), inner)
+        return max(sum(pieces[i] for i in r) for r in ranges)
+    if name == "dp_fsdp":
+        units = [pieces[0] + pieces[-1]] + pieces[1:-1]
+        return sum(max(math.ceil(u / inner), 1) for u in units)
+    raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2):
+    """Bytes of parameters, gradients and AdamW state on the fullest rank (fp32)."""
+    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner)
+
+
+def _max(value):
+    t = torch.tensor([float(value)], device=current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def measure_strategy(name, cfg: GPTConfig, batch=8, steps=3, dp=2, inner=2, **kw):
+    """On every rank: build strategy ``name``, then one warm-up step, one counted,
+    one under the memory tracker and ``steps`` timed. Returns its row (the same
+    on every rank)."""
+    device = current_device()
+    run = build(name, cfg, dp, inner, **kw)
+    try:
+        data = list(corpus_batches(cfg, batch, steps + 3, device))
+        run.step(*data[0])
+        with comm.counting() as stats:
+            run.step(*data[1])
+        with peak_bytes(device) as peak:
+            run.step(*data[2])
+        state = model_state_bytes_of(run.model, run.optimizer)["total"]
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        for x, y in data[3:]:
+            run.step(x, y)
+        sync()
+        seconds = _max(time.perf_counter() - start) / steps
+        collective_bytes = sum(stats.collective_bytes.values())
+        return {"strategy": STRATEGIES[name], "tokens_per_s": batch * cfg.seq_len / seconds,
+                "step_ms": 1e3 * seconds,
+                "state_mb": _max(state) / 1e6,
+                "state_estimate_mb": model_state_estimate(name, cfg, dp, inner) / 1e6,
+                "peak_above_state_mb": _max(peak.peak) / 1e6,
+                "collective_mb": _max(collective_bytes) / 1e6,
+                "p2p_mb": _max(stats.sent_bytes) / 1e6}
+    finally:
+        run.destroy()
+
+
+def strategy_table(cfg: GPTConfig, batch=8, steps=3, names=tuple(STRATEGIES), **kw):
+    """Rows of :func:`measure_strategy` for each strategy, in one job."""
+    return [measure_strategy(name, cfg, batch, steps, **kw) for name in names]
+
+
+def format_table(rows):
+    """The rows as a markdown table."""
+    head = ("| strategy | tokens/s | step (ms) | model state / rank (MB), measured | estimated "
+            "| step peak above it (MB) | collectives (MB/step) | p2p sent (MB/step) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    return head + "".join(
+        f"| {r['strategy']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {r['state_mb']:.3f} "
+        f"| {r['state_estimate_mb']:.3f} | {r['peak_above_state_mb']:.2f} "
+        f"| {r['collective_mb']:.3f} | {r['p2p_mb']:.3f} |\n" for r in rows)
