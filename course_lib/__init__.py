@@ -15,6 +15,7 @@ The package is laid out by layer; a lower layer never imports a higher one:
     fsdp/         Lab 03: ZeRO-1, FSDP units (the library's and the one-page version)
     pipeline/     Lab 04: schedules as data, the partitioner, the stage executor
     tp/           Lab 05: f and g, column/row-parallel layers, a parallel block
+    hybrid/       Lab 06: the four above combined on a mesh, compared, and planned for OLMo
     models, data  the course's models and data
     grading/      checks, the lab generator, the gradebook, the papermill runner
     bench/        ``python -m course_lib.bench <what>``

@@ -139,4 +139,87 @@ def check_params_per_rank(params_per_rank):
     checks.passed(ex, f"{len(PARAM_CASES)} cases of the four strategies, uneven splits included")
 
 
-__all__ = ["check_mesh_groups", "check_params_per_rank", "SHAPES", "LAUNCHED", "PARAM_CASES"]
+# ---- 6.3: choosing a mesh for a real run ------------------------------------------------
+def plan_cases():
+    """(model, GPUs, workload, gpu): the lecture's models at the sizes of the plan
+    table, a count that is not a power of two, recompute with ZeRO-3, a batch that
+    rules meshes out, and a model that fits on no mesh of the GPUs given."""
+    from course_lib.hybrid import plan
+    from course_lib.memory.estimate import OLMO
+
+    work = plan.Workload()
+    return [("OLMo 1B", 8, work, plan.A100_40GB), ("OLMo 1B", 12, work, plan.H100_80GB),
+            ("OLMo 7B", 32, work, plan.H100_80GB), ("OLMo 7B", 32, work, plan.A100_40GB),
+            ("OLMo 7B", 24, plan.Workload(global_batch=96, micro_batch=2), plan.H100_80GB),
+            ("OLMo 70B", 256, work, plan.H100_80GB), ("OLMo 70B", 256, work, plan.A100_40GB),
+            ("OLMo 70B", 64, plan.Workload(checkpointing=True, zero=3), plan.H100_80GB),
+            ("OLMo 70B", 8, work, plan.A100_40GB)], OLMO
+
+
+def _mesh_of(got):
+    from course_lib.hybrid.plan import Mesh
+
+    if isinstance(got, Mesh):
+        return got
+    if isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(v, int) for v in got):
+        return Mesh(*got)
+    return None
+
+
+def check_choose_mesh(choose_mesh):
+    from course_lib.hybrid import plan
+
+    ex = EX_PLAN
+    cases, models = plan_cases()
+    with checks.in_process(ex, choose_mesh):
+        for name, n, work, gpu in cases:
+            shape = models[name]
+            call = f"choose_mesh({name}, {n} x {gpu.name}, {work})"
+            try:
+                want, best = plan.best_mesh(shape, n, work, gpu)
+            except ValueError as exc:
+                try:
+                    got = choose_mesh(shape, n, work, gpu)
+                except ValueError:
+                    continue
+                raise checks.CheckFailed(
+                    f"{ex}: {call} returned {got!r}, but no mesh fits ({exc}).\nHint: raise "
+                    f"ValueError when no valid mesh fits in memory.", exercise=ex) from None
+            try:
+                got = choose_mesh(shape, n, work, gpu)
+            except ValueError as exc:
+                raise checks.CheckFailed(
+                    f"{ex}: {call} raised ValueError ({exc}), but {want} fits.\nHint: skip the "
+                    f"meshes that cannot run (plan.step_time raises on a batch that does not "
+                    f"split) and those that do not fit; raise only when none is left.",
+                    exercise=ex) from None
+            mesh = _mesh_of(got)
+            if mesh is None:
+                raise checks.CheckFailed(f"{ex}: {call} returned {got!r}; return a plan.Mesh "
+                                         f"(or a (dp, tp, pp) tuple).", exercise=ex)
+            valid = plan.valid_meshes(shape, n, work, gpu.gpus_per_node)
+            if mesh not in valid:
+                raise checks.CheckFailed(
+                    f"{ex}: {call} chose {mesh}, which cannot run: dp*tp*pp must be {n}, tp "
+                    f"must divide the {shape.heads} heads and stay inside a node of "
+                    f"{gpu.gpus_per_node}, pp at most the {shape.layers} layers, and the "
+                    f"global batch of {work.global_batch} must split into dp replicas of "
+                    f"microbatches of {work.micro_batch}.", exercise=ex)
+            if not plan.fits(shape, mesh, work, gpu):
+                need = plan.memory_per_gpu(shape, mesh, work)["total"] / 1e9
+                raise checks.CheckFailed(
+                    f"{ex}: {call} chose {mesh}, which needs {need:.1f} GB per GPU: more than "
+                    f"plan.fits allows on {gpu.memory_gb:g} GB.\nHint: only meshes that fit "
+                    f"can be chosen.", exercise=ex)
+            mine = plan.step_time(shape, mesh, work, gpu)["total"]
+            if mine > best["total"] * (1 + 1e-9):
+                raise checks.CheckFailed(
+                    f"{ex}: {call} chose {mesh}: {mine:.3f} s per step, but {want} fits and "
+                    f"takes {best['total']:.3f} s.\nHint: compare every valid mesh that fits, "
+                    f"by plan.step_time(...)['total'].", exercise=ex)
+    checks.passed(ex, f"{len(cases)} runs of OLMo 1B/7B/70B on A100s and H100s, against a "
+                      f"brute-force search")
+
+
+__all__ = ["check_mesh_groups", "check_params_per_rank", "check_choose_mesh", "SHAPES",
+           "LAUNCHED", "PARAM_CASES", "plan_cases"]

@@ -61,6 +61,23 @@ REFERENCES = {
     "Exercise 3.6": ("course_lib.fsdp.unit:GatherShards",),
     "Exercise 3.7": ("course_lib.fsdp.unit:free_between_passes",),
     "Exercise 3.8": ("course_lib.fsdp.fsdp:prefetch_targets",),
+    "Exercise 4.1": ("course_lib.pipeline.schedules:gpipe",),
+    "Exercise 4.2": ("course_lib.pipeline.schedules:one_f_one_b",),
+    "Exercise 4.3": ("course_lib.pipeline.stage:forward_step",
+                     "course_lib.pipeline.stage:backward_step"),
+    "Exercise 4.4": ("course_lib.pipeline.partition:partition",
+                     "course_lib.pipeline.partition:partition_brute_force"),
+    "Exercise 5.1": (),  # two list comprehensions: nothing in course_lib to hand over
+    "Exercise 5.2": ("course_lib.tp.operators:CopyToTP", "course_lib.tp.operators:ReduceFromTP",
+                     "course_lib.tp.operators:copy_to_tp",
+                     "course_lib.tp.operators:reduce_from_tp"),
+    "Exercise 5.3": ("course_lib.tp.blocks:ParallelMLP", "course_lib.tp.layers:ColumnParallelLinear",
+                     "course_lib.tp.layers:RowParallelLinear"),
+    "Exercise 5.4": ("course_lib.tp.layers:column_shard",),
+    "Exercise 5.5": ("course_lib.tp.volume:grid_volume",),
+    "Exercise 6.1": ("course_lib.mesh:ParallelDims",),
+    "Exercise 6.2": ("course_lib.hybrid.table:params_per_rank",),
+    "Exercise 6.3": ("course_lib.hybrid.plan:best_mesh",),
 }
 
 _LOADS = {"LOAD_GLOBAL", "LOAD_NAME"}

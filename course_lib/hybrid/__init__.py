@@ -1,5 +1,9 @@
-"""Hybrid parallelism: data, tensor and pipeline parallelism combined on one mesh.
+"""Lab 06: the parallelisms combined on one mesh, compared, and planned for real runs.
 
+- :mod:`~course_lib.hybrid.strategies`: the course GPT trained as DP, DP x TP, DP x PP
+  and DP x FSDP on a mesh of ranks, and the single-process run each must equal
+- :mod:`~course_lib.hybrid.table`: the strategies measured side by side in one job
+  (tokens/s, model state measured and estimated, step peak, bytes per step)
 - :mod:`~course_lib.hybrid.plan`: a run planned on paper: the mesh (dp, tp, pp),
   memory per GPU, step time with an alpha-beta model of every link, MFU
 """

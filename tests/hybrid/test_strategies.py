@@ -49,7 +49,9 @@ def test_every_strategy_on_a_2x2_mesh_trains_as_one_process_and_the_state_is_as_
         assert row["strategy"] == STRATEGIES[name]
         assert row["state_mb"] == pytest.approx(table.model_state_estimate(name, CFG) / 1e6,
                                                 abs=1e-9), name
-        assert row["tokens_per_s"] > 0 and row["peak_above_state_mb"] > 0
+        assert row["tokens_per_s"] > 0
+        # a step allocates at least the gradients of the rank that holds most
+        assert row["step_peak_mb"] >= 4 * table.params_per_rank(name, CFG) / 1e6, name
     by_name = dict(zip(STRATEGIES, rows))
     # what each moves: PP alone sends point to point; FSDP gathers, so moves the most
     assert by_name["dp_pp"]["p2p_mb"] > 0
