@@ -76,7 +76,7 @@ def _forwards_before_first_backward(row):
 
 def check_gpipe(gpipe_schedule):
     ex = "Exercise 4.1"
-    with checks.in_process(ex):
+    with checks.in_process(ex, gpipe_schedule):
         for p, m in SIZES:
             got = _call(gpipe_schedule, p, m, ex)
             want = gpipe(p, m)
@@ -101,7 +101,7 @@ def check_gpipe(gpipe_schedule):
 
 def check_one_f_one_b(one_f_one_b_schedule):
     ex = "Exercise 4.2"
-    with checks.in_process(ex):
+    with checks.in_process(ex, one_f_one_b_schedule):
         for p, m in SIZES:
             got = _call(one_f_one_b_schedule, p, m, ex)
             want = one_f_one_b(p, m)
@@ -259,7 +259,7 @@ def check_stage_steps(forward_step, backward_step, world_sizes=(2, 3)):
 # ---- 4.4: the partitioner ---------------------------------------------------------------
 def check_partition(partition, trials=300):
     ex = "Exercise 4.4"
-    with checks.in_process(ex):
+    with checks.in_process(ex, partition):
         rng = random.Random(5)
         cases = [([4, 1, 1, 1, 1, 4], 3), ([1, 1, 1, 9], 2), ([3], 1), ([2, 2, 2, 2], 4),
                  ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3), ([10, 1, 1, 1, 1, 1, 1, 10], 2)]

@@ -44,7 +44,7 @@ def check_split_matmul(column_parallel_matmul, row_parallel_matmul):
         m, k, n = rng.randint(1, 5), t_row * rng.randint(1, 3), t_col * rng.randint(1, 3)
         cases.append((_seeded(rng.randint(0, 999), m, k), _seeded(rng.randint(0, 999), k, n),
                       t_col, t_row))
-    with checks.in_process(ex):
+    with checks.in_process(ex, column_parallel_matmul, row_parallel_matmul):
         for x, a, t_col, t_row in cases:
             shape = f"X {tuple(x.shape)}, A {tuple(a.shape)}"
             got = _as_list(ex, column_parallel_matmul(x, a, t_col), t_col, "column_parallel_matmul")
@@ -424,7 +424,7 @@ def _heads_job(shard_qkv, use_pair):
 
 def check_shard_qkv(shard_qkv, world_sizes=(2, 3)):
     ex = EX_HEADS
-    with checks.in_process(ex):
+    with checks.in_process(ex, shard_qkv):
         for heads, t in _qkv_cases():
             dim = 2 * heads
             weight = _seeded(heads * 10 + t, 3 * dim, dim)
@@ -514,7 +514,7 @@ def check_layer_volume(layer_volume, trials=60):
              (4096, 8192, 8192, 2, 2, 1), (4096, 8192, 8192, 2, 2, 2), (10, 6, 12, 1, 1, 1)]
     cases += [(rng.randint(1, 512), rng.randint(1, 256), rng.randint(1, 256), rng.randint(1, 8),
                rng.randint(1, 8), rng.randint(1, 8)) for _ in range(trials)]
-    with checks.in_process(ex):
+    with checks.in_process(ex, layer_volume):
         for m, k, n, gx, gy, gz in cases:
             got = layer_volume(m, k, n, gx, gy, gz)
             want = volume.grid_volume(m, k, n, gx, gy, gz)["total"]

@@ -274,6 +274,11 @@ def tree(folder):
             for p in sorted(Path(folder).rglob("*"))}
 
 
+# Grading the class takes ~100 s of kernels and ranks: `make test-slow` runs these (CI runs
+# it after `make test`), so that `make test` stays under its 20 minutes.
+SLOW_CLASS = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     """The class graded once, two notebooks at a time, as `make grade` would."""
@@ -307,6 +312,7 @@ def result(graded, student, exercise):
 
 
 @pytest.mark.notebook
+@SLOW_CLASS
 def test_every_student_gets_one_row_with_the_right_scores(graded_class):
     rows = graded_class["rows"]
     assert list(next(iter(rows.values()))) == ["student", "Exercise 0.2", "Exercise 0.3",
@@ -323,6 +329,7 @@ def test_every_student_gets_one_row_with_the_right_scores(graded_class):
 
 
 @pytest.mark.notebook
+@SLOW_CLASS
 def test_wrong_answers_fail_their_checks_hidden_tests_included(graded_class):
     assert result(graded_class, "wrong", "Exercise 0.2")[0] == "fail"
     status, message = result(graded_class, "wrong", "Exercise 0.3")
@@ -335,6 +342,7 @@ def test_wrong_answers_fail_their_checks_hidden_tests_included(graded_class):
 
 
 @pytest.mark.notebook
+@SLOW_CLASS
 def test_hangs_crashes_and_bad_files_get_a_row_that_says_so(graded_class):
     rows = graded_class["rows"]
     # a check whose code deadlocks is stopped by the launcher and fails with the hang
@@ -354,6 +362,7 @@ def test_hangs_crashes_and_bad_files_get_a_row_that_says_so(graded_class):
 
 
 @pytest.mark.notebook
+@SLOW_CLASS
 def test_each_tampering_is_undone_or_refused_and_flagged(graded_class):
     rows = graded_class["rows"]
     status, message = result(graded_class, "tamper_import", "Exercise 0.3")
@@ -375,6 +384,7 @@ def test_each_tampering_is_undone_or_refused_and_flagged(graded_class):
 
 
 @pytest.mark.notebook
+@SLOW_CLASS
 def test_feedback_and_executed_notebooks_beside_the_gradebook_nothing_in_submissions(graded_class):
     out, subs = graded_class["out"], graded_class["subs"]
     assert tree(subs) == graded_class["before"]  # nothing written, nothing touched
@@ -389,6 +399,7 @@ def test_feedback_and_executed_notebooks_beside_the_gradebook_nothing_in_submiss
 
 
 @pytest.mark.notebook
+@SLOW_CLASS
 def test_no_kernel_or_rank_is_left_running(graded_class):
     import os
 
