@@ -201,8 +201,8 @@ def check_choose_mesh(choose_mesh):
             if mesh not in valid:
                 raise checks.CheckFailed(
                     f"{ex}: {call} chose {mesh}, which cannot run: dp*tp*pp must be {n}, tp "
-                    f"must divide the {shape.heads} heads and stay inside a node of "
-                    f"{gpu.gpus_per_node}, pp at most the {shape.layers} layers, and the "
+                    f"must divide the {shape.heads} heads and the {gpu.gpus_per_node} GPUs of "
+                    f"a node, pp at most the {shape.layers} layers, and the "
                     f"global batch of {work.global_batch} must split into dp replicas of "
                     f"microbatches of {work.micro_batch}.", exercise=ex)
             if not plan.fits(shape, mesh, work, gpu):

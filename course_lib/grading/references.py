@@ -76,8 +76,9 @@ REFERENCES = {
     "Exercise 5.4": ("course_lib.tp.layers:column_shard",),
     "Exercise 5.5": ("course_lib.tp.volume:grid_volume",),
     "Exercise 6.1": ("course_lib.mesh:ParallelDims",),
-    "Exercise 6.2": ("course_lib.hybrid.table:params_per_rank",),
-    "Exercise 6.3": ("course_lib.hybrid.plan:best_mesh",),
+    "Exercise 6.2": ("course_lib.hybrid.table:params_per_rank",
+                     "course_lib.hybrid.table:model_state_estimate"),
+    "Exercise 6.3": ("course_lib.hybrid.plan:best_mesh", "course_lib.hybrid.plan:valid_meshes"),
 }
 
 _LOADS = {"LOAD_GLOBAL", "LOAD_NAME"}

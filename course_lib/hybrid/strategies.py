@@ -57,7 +57,7 @@ class Strategy:
     dims: ParallelDims
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    step: Callable
+    step: Callable | None  # set once the Strategy exists (it needs run.rows)
     full_state: Callable  # () -> {name: full tensor}, on every rank
     replica: tuple[int, int]  # (index, count) of this rank's data-parallel replica
     extra: dict = field(default_factory=dict)
@@ -89,6 +89,20 @@ def mean_over_replicas(loss, holds_loss, replicas):
     return value.item()
 
 
+def _whole_model_step(run, model, loss_fn, holds_loss):
+    """``run.step`` for a model that takes its replica's rows in one forward (every
+    strategy but the pipeline, whose stages share theirs out in microbatches)."""
+    def step(x, y):
+        run.optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(run.rows(x)), run.rows(y))
+        loss.backward()
+        run.optimizer.step()
+        return mean_over_replicas(loss, holds_loss, run.replica[1])
+
+    run.step = step
+    return run
+
+
 def build(name, cfg: GPTConfig, dp=2, inner=2, seed=0, lr=LR, microbatches=2,
           schedule="1f1b", collectives="torch"):
     """Build strategy ``name`` (a key of :data:`STRATEGIES`) on every rank of a
@@ -107,20 +121,12 @@ def _dp(cfg, dp, inner, seed, lr, collectives, **_):
     model = GPT(cfg, seed).to(current_device())
     ddp = DDP(model, process_group=dims.group("dp"), all_reduce=collectives)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    loss_fn = gpt_loss(cfg.vocab)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(run.rows(x)), run.rows(y))
-        loss.backward()
-        opt.step()
-        return mean_over_replicas(loss, True, dp * inner)
 
     def full_state():
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    run = Strategy("dp", dims, ddp, opt, step, full_state, (dims.coords.dp, dp * inner))
-    return run
+    run = Strategy("dp", dims, ddp, opt, None, full_state, (dims.coords.dp, dp * inner))
+    return _whole_model_step(run, ddp, gpt_loss(cfg.vocab), holds_loss=True)
 
 
 def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
@@ -134,14 +140,6 @@ def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
         parallelize_block(block, dims.group("tp"), collectives=collectives)
     ddp = DDP(model, process_group=dims.group("dp"), all_reduce=collectives)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    loss_fn = gpt_loss(cfg.vocab)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(run.rows(x)), run.rows(y))
-        loss.backward()
-        opt.step()
-        return mean_over_replicas(loss, dims.coords.tp == 0, dp)
 
     def full_state():
         state = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -151,8 +149,9 @@ def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
                     state[f"{prefix}.{name}"] = tensor
         return state
 
-    run = Strategy("dp_tp", dims, ddp, opt, step, full_state, (dims.coords.dp, dp))
-    return run
+    run = Strategy("dp_tp", dims, ddp, opt, None, full_state, (dims.coords.dp, dp))
+    # the tp ranks of a replica hold the same loss: one of them reports it
+    return _whole_model_step(run, ddp, gpt_loss(cfg.vocab), holds_loss=dims.coords.tp == 0)
 
 
 def _dp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, **_):
@@ -202,19 +201,9 @@ def _dp_fsdp(cfg, dp, inner, seed, lr, collectives, **_):
     model = FSDP(GPT(cfg, seed).to(current_device()), units=by_type(Block), sharding="hybrid",
                  mesh=mesh, collectives=collectives)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    loss_fn = gpt_loss(cfg.vocab)
-    replicas = dp * inner
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(run.rows(x)), run.rows(y))
-        loss.backward()
-        opt.step()
-        return mean_over_replicas(loss, True, replicas)
-
-    run = Strategy("dp_fsdp", dims, model, opt, step, model.full_state_dict,
-                   (dist.get_rank(), replicas), extra={"meshes": [mesh]})
-    return run
+    run = Strategy("dp_fsdp", dims, model, opt, None, model.full_state_dict,
+                   (dist.get_rank(), dp * inner), extra={"meshes": [mesh]})
+    return _whole_model_step(run, model, gpt_loss(cfg.vocab), holds_loss=True)
 
 
 def train_strategy(name, cfg: GPTConfig, steps=4, batch=8, dp=2, inner=2, seed=0, lr=LR,

@@ -217,8 +217,11 @@ def main():
 
 
 def _report(job, rank, exc):
+    # the clock first: the launcher names the rank that failed first as the cause, and
+    # formatting a long traceback must not make the first failure look like a later one
+    failed_at = time.time()
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
-              "traceback": _user_traceback(exc), "time": time.time()}
+              "traceback": _user_traceback(exc), "time": failed_at}
     (job / f"error{rank}.json").write_text(json.dumps(record))
     # The full traceback travels in the LaunchError; one line here keeps the
     # cell readable when the other ranks fail as a consequence.

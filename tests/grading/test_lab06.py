@@ -113,7 +113,7 @@ def test_parameters_per_rank_pass_and_their_mistakes_fail():
 # ---- 6.3 -------------------------------------------------------------------------------
 def candidates(shape, n, work, gpu, check_batch=True):
     for tp in range(1, gpu.gpus_per_node + 1):
-        if n % tp or shape.heads % tp:
+        if n % tp or shape.heads % tp or gpu.gpus_per_node % tp:
             continue
         for pp in range(1, shape.layers + 1):
             if (n // tp) % pp:
