@@ -7,7 +7,9 @@ for GPipe and for 1F1B alike; 1F1B also bounds the activations stage s holds
 by p-s microbatches instead of m.
 
 - :mod:`~course_lib.pipeline.schedules`: schedules as data (``Action``, ``gpipe``,
-  ``one_f_one_b``, ``interleaved_1f1b``, ``zb_h1``) and ``validate``
+  ``one_f_one_b``, ``interleaved_1f1b``, ``zb_h1``)
+- :mod:`~course_lib.pipeline.validate`: ``validate`` (complete and ordered) and
+  ``deadlock`` (the executor's message protocol played out), before anything runs
 - :mod:`~course_lib.pipeline.simulate`: start and end of every action, the bubble,
   ``peak_in_flight``, the bubble formulas
 - :mod:`~course_lib.pipeline.partition`: balanced contiguous stages (PipeDream's
@@ -24,10 +26,11 @@ by p-s microbatches instead of m.
 from course_lib.pipeline.executor import microbatch_rows, pipeline_step
 from course_lib.pipeline.measure import FixedTimeStage, measured_bubble, measured_timeline
 from course_lib.pipeline.partition import bottleneck, even_split, partition, partition_brute_force
-from course_lib.pipeline.schedules import (SCHEDULES, Action, deadlock, gpipe, interleaved_1f1b,
-                                           make_schedule, naive, one_f_one_b, validate, zb_h1)
+from course_lib.pipeline.schedules import (SCHEDULES, Action, gpipe, interleaved_1f1b,
+                                           make_schedule, naive, one_f_one_b, zb_h1)
 from course_lib.pipeline.simulate import (Simulation, bubble_fraction, peak_in_flight, simulate,
                                           weight_versions, zb_h1_bubble)
+from course_lib.pipeline.validate import deadlock, validate
 from course_lib.pipeline.stage import (GPTStage, PipelineStage, backward_step, forward_step,
                                        gpt_piece_costs, gpt_pieces, gpt_stage, mlp_stage,
                                        sequential_stage, uneven_mlp)

@@ -27,7 +27,7 @@ deadlock on NCCL, which ignores tags and matches by posting order: both ends of
 a link post its messages in the same order (``validate`` checks that F and B
 run in the same microbatch order on neighbouring stages), and before running a
 schedule the executor checks it with
-:func:`~course_lib.pipeline.schedules.deadlock` under the rendezvous rule (a
+:func:`~course_lib.pipeline.validate.deadlock` under the rendezvous rule (a
 send completes only once its receive is posted), which models exactly this
 posting pattern. GPipe, 1F1B and ZB-H1's order pass. On gloo a wait blocks the
 host, and waiting for a send means waiting for the neighbour to reach its
@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import comm, trace
-from course_lib.pipeline.schedules import as_actions, chunks_of, deadlock, validate
+from course_lib.pipeline.validate import as_actions, chunks_of, deadlock, validate
 from course_lib.pipeline.stage import backward_step as _default_backward
 from course_lib.pipeline.stage import forward_step as _default_forward
 

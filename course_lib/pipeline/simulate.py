@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course_lib.pipeline.schedules import Action, as_actions, chunks_of, validate
+from course_lib.pipeline.schedules import Action
+from course_lib.pipeline.validate import as_actions, chunks_of, validate
 
 
 def bubble_fraction(p, m, v=1):
