@@ -142,8 +142,8 @@ def check_params_per_rank(params_per_rank):
 # ---- 6.3: choosing a mesh for a real run ------------------------------------------------
 def plan_cases():
     """(model, GPUs, workload, gpu): the lecture's models at the sizes of the plan
-    table, a count that is not a power of two, recompute with ZeRO-3, a batch that
-    rules meshes out, and a model that fits on no mesh of the GPUs given."""
+    table, counts that are not powers of two, recompute with ZeRO-3, a batch that
+    rules meshes out, and a model that fits on no mesh that can run."""
     from course_lib.hybrid import plan
     from course_lib.memory.estimate import OLMO
 
@@ -153,6 +153,8 @@ def plan_cases():
             ("OLMo 7B", 24, plan.Workload(global_batch=96, micro_batch=2), plan.H100_80GB),
             ("OLMo 70B", 256, work, plan.H100_80GB), ("OLMo 70B", 256, work, plan.A100_40GB),
             ("OLMo 70B", 64, plan.Workload(checkpointing=True, zero=3), plan.H100_80GB),
+            # nothing fits: only a tp of 8, across two nodes, would (which cannot run)
+            ("OLMo 70B", 64, work, plan.A100_40GB),
             ("OLMo 70B", 8, work, plan.A100_40GB)], OLMO
 
 

@@ -111,9 +111,9 @@ def test_parameters_per_rank_pass_and_their_mistakes_fail():
 
 
 # ---- 6.3 -------------------------------------------------------------------------------
-def candidates(shape, n, work, gpu, check_batch=True):
-    for tp in range(1, gpu.gpus_per_node + 1):
-        if n % tp or shape.heads % tp or gpu.gpus_per_node % tp:
+def candidates(shape, n, work, gpu, check_batch=True, inside_node=True):
+    for tp in range(1, (gpu.gpus_per_node if inside_node else n) + 1):
+        if n % tp or shape.heads % tp or (inside_node and gpu.gpus_per_node % tp):
             continue
         for pp in range(1, shape.layers + 1):
             if (n // tp) % pp:
@@ -124,9 +124,10 @@ def candidates(shape, n, work, gpu, check_batch=True):
             yield plan.Mesh(dp=dp, tp=tp, pp=pp)
 
 
-def choose_mesh(shape, n, work, gpu, check_fit=True, check_batch=True, slowest=False):
+def choose_mesh(shape, n, work, gpu, check_fit=True, check_batch=True, slowest=False,
+                inside_node=True):
     timed = [(plan.step_time(shape, m, work, gpu)["total"], i, m)
-             for i, m in enumerate(candidates(shape, n, work, gpu, check_batch))
+             for i, m in enumerate(candidates(shape, n, work, gpu, check_batch, inside_node))
              if not check_fit or plan.fits(shape, m, work, gpu)]
     if not timed:
         raise ValueError("nothing fits")
@@ -156,6 +157,9 @@ def test_choosing_a_mesh_passes_and_its_mistakes_fail():
         lab06.check_choose_mesh(lambda *a: choose_mesh(*a, slowest=True))
     with pytest.raises(checks.CheckFailed, match="no mesh fits"):
         lab06.check_choose_mesh(never_gives_up)
+    # tensor parallelism across nodes makes 70B fit on 64 A100s: but it cannot run
+    with pytest.raises(checks.CheckFailed, match=r"64 x A100 40GB.*returned .*tp=8"):
+        lab06.check_choose_mesh(lambda *a: choose_mesh(*a, inside_node=False))
 
 
 def test_the_librarys_planner_is_refused(monkeypatch):
