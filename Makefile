@@ -41,7 +41,7 @@ test-slow: setup
 
 # NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
 test-gpu: setup
-	$(BIN)/python -m pytest tests/gpu tests/tp/test_nccl.py tests/hybrid/test_nccl.py \
+	$(BIN)/python -m pytest tests/gpu tests/tp/test_nccl.py tests/hybrid/test_hybrid_nccl.py \
 		"tests/pipeline/test_runs.py::test_on_nccl_the_pipeline_trains_as_one_process_and_traces_its_actions" \
 		-v -rs -p no:cacheprovider
 
