@@ -35,7 +35,7 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest --durations=15
 
-# tests that grade again (the real Lab 00, a class of 15 submissions): CI runs them after `make test`
+# the slowest tests (grading the real Lab 00 and a class of 15, launches over and over): CI runs them after `make test`
 test-slow: setup
 	$(BIN)/python -m pytest tests -m slow -p no:cacheprovider
 

@@ -19,6 +19,8 @@ from course_lib.runtime.worker import map_tensors
 ship_by_value(__name__)
 
 
+# two processes launching jobs over and over (~30 s): `make test-slow`, which CI runs
+@pytest.mark.slow
 def test_two_notebooks_launching_at_once_never_collide(tmp_path):
     """No probe-then-bind: each rendezvous binds port 0 itself."""
     script = tmp_path / "launcher.py"

@@ -425,6 +425,8 @@ def port_is_free(port):
             return False
 
 
+# launch after launch, ports counted (~30 s): `make test-slow`, which CI runs
+@pytest.mark.slow
 def test_launches_in_a_row_free_their_ports(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_WARM", "0")  # every call a job of its own, ended after it
     ports = []
