@@ -74,6 +74,16 @@ def _forwards_before_first_backward(row):
     return count
 
 
+def _expect_bubble(ex, got, want, p, m, why="", hint=""):
+    """CheckFailed unless the simulated bubble of ``got`` is (p-1)/(m+p-1)."""
+    bubble = simulate(got).bubble
+    if abs(bubble - bubble_fraction(p, m)) > 1e-9:
+        raise checks.CheckFailed(
+            f"{ex}: for p={p}, m={m} the simulated bubble is {bubble:.4f}, expected "
+            f"(p-1)/(m+p-1) = {bubble_fraction(p, m):.4f}{why}.\n"
+            f"{_first_difference(got, want)}{hint}")
+
+
 def check_gpipe(gpipe_schedule):
     ex = "Exercise 4.1"
     with checks.in_process(ex, gpipe_schedule):
@@ -90,11 +100,7 @@ def check_gpipe(gpipe_schedule):
                     f"but GPipe holds all m={m}: every forward runs before any backward.\n"
                     f"{_first_difference(got, want)}\nHint: that is the 1F1B order (next "
                     f"exercise); GPipe flushes all m forwards through first")
-            bubble = simulate(got).bubble
-            if abs(bubble - bubble_fraction(p, m)) > 1e-9:
-                raise checks.CheckFailed(
-                    f"{ex}: for p={p}, m={m} the simulated bubble is {bubble:.4f}, expected "
-                    f"(p-1)/(m+p-1) = {bubble_fraction(p, m):.4f}.\n{_first_difference(got, want)}")
+            _expect_bubble(ex, got, want, p, m)
     checks.passed(ex, f"{len(SIZES)} (p, m), m < p and m = 1 included: valid, bubble "
                       f"(p-1)/(m+p-1), m microbatches in flight")
 
@@ -114,13 +120,9 @@ def check_one_f_one_b(one_f_one_b_schedule):
                     f"activations; 1F1B holds min(m, p-s) = {limits[s]} there (all stages: "
                     f"{limits}, yours: {peaks}).\n{_first_difference(got, want)}\n"
                     f"Hint: {_warmup_hint(got, p, m)}")
-            bubble = simulate(got).bubble
-            if abs(bubble - bubble_fraction(p, m)) > 1e-9:
-                raise checks.CheckFailed(
-                    f"{ex}: for p={p}, m={m} the simulated bubble is {bubble:.4f}, expected "
-                    f"(p-1)/(m+p-1) = {bubble_fraction(p, m):.4f}: some stage waits where 1F1B "
-                    f"would not.\n{_first_difference(got, want)}\nHint: after the warm-up, "
-                    f"alternate one forward and one backward, the forward first")
+            _expect_bubble(ex, got, want, p, m, why=": some stage waits where 1F1B would not",
+                           hint="\nHint: after the warm-up, alternate one forward and one "
+                                "backward, the forward first")
     checks.passed(ex, f"{len(SIZES)} (p, m): valid, bubble (p-1)/(m+p-1), min(m, p-s) "
                       f"microbatches in flight on stage s")
 

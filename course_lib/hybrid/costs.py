@@ -46,7 +46,7 @@ from functools import lru_cache
 
 from course_lib.collectives.cost_model import p2p_time, reduce_scatter_time, ring_all_reduce_time
 from course_lib.memory.estimate import (GB, activation_bytes_megatron, fsdp_peak_param_bytes,
-                                        model_state_bytes, param_count)
+                                        model_state_bytes, param_count, piece_params)
 from course_lib.mesh import ParallelDims
 from course_lib.pipeline.partition import even_split
 from course_lib.tp.volume import (GPUS_PER_NODE, H100_BF16_DENSE_TFLOPS, INFINIBAND_GBPS,
@@ -128,8 +128,7 @@ def _stages(shape, mesh):
     and head 2D + V(D+1). All are split over tp: the blocks' matrices as Megatron
     does, the vocabulary as its vocab-parallel embedding and head do; the norms'
     and biases' replication (under 0.1% of a block) is ignored."""
-    d, v, t = shape.dim, shape.vocab, shape.seq_len
-    block, embed, head = 12 * d * d + 10 * d, d * (v + t), 2 * d + v * (d + 1)
+    embed, block, head = piece_params(shape)
     out = []
     for s, layers in enumerate(even_split(shape.layers, mesh.pp)):
         units = [block] * len(layers) + [embed] * (s == 0) + [head] * (s == mesh.pp - 1)

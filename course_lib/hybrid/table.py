@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from course_lib import comm
 from course_lib.hybrid.strategies import STRATEGIES, build
+from course_lib.memory.estimate import piece_params
 from course_lib.memory.measure import model_state_bytes_of, peak_bytes
 from course_lib.models import GPTConfig, gpt_param_count
 from course_lib.pipeline.partition import partition
@@ -39,11 +40,11 @@ from course_lib.runtime.device import sync
 BYTES_PER_PARAM = 16  # fp32 AdamW: parameter 4 + gradient 4 + first and second moments 8
 
 
-def piece_params(cfg: GPTConfig):
-    """Parameters of the GPT's pieces in pipeline order: embeddings D(V+T), each
-    block 12D^2 + 10D, the head 2D + V(D+1) (final LayerNorm and output layer)."""
-    d, v, t = cfg.dim, cfg.vocab, cfg.seq_len
-    return [d * (v + t)] + [12 * d * d + 10 * d] * cfg.layers + [2 * d + v * (d + 1)]
+def pipeline_pieces(cfg: GPTConfig):
+    """Parameters of the GPT's pieces in pipeline order: the embeddings, each block,
+    the head (:func:`~course_lib.memory.estimate.piece_params`)."""
+    embed, block, head = piece_params(cfg)
+    return [embed] + [block] * cfg.layers + [head]
 
 
 def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2):
@@ -55,7 +56,7 @@ def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2):
     - DP x PP: the largest stage of the partition the strategy uses.
     - DP x FSDP: each unit (a block; the root: embeddings and head) flattened,
       padded to a multiple of n = inner and cut into n shards."""
-    d, pieces = cfg.dim, piece_params(cfg)
+    d, pieces = cfg.dim, pipeline_pieces(cfg)
     if name == "dp":
         return gpt_param_count(cfg)
     if name == "dp_tp":

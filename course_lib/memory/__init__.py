@@ -7,11 +7,11 @@
 from course_lib.memory.estimate import (OLMO, ModelShape, activation_bytes,
                                         activation_bytes_megatron, fsdp_peak_param_bytes,
                                         gpus_needed, memory_table, model_state_bytes,
-                                        other_bytes, param_count)
+                                        other_bytes, param_count, piece_params)
 from course_lib.memory.checkpointing import checkpoint_blocks, compare_checkpointing
 from course_lib.memory.measure import model_state_bytes_of, peak_bytes
 
 __all__ = ["OLMO", "ModelShape", "activation_bytes", "activation_bytes_megatron",
            "fsdp_peak_param_bytes", "gpus_needed",
-           "memory_table", "model_state_bytes", "other_bytes", "param_count",
+           "memory_table", "model_state_bytes", "other_bytes", "param_count", "piece_params",
            "model_state_bytes_of", "peak_bytes", "checkpoint_blocks", "compare_checkpointing"]

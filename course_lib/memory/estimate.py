@@ -46,6 +46,14 @@ def param_count(cfg):
     return n * (12 * d * d + 10 * d) + d * (v + t) + 2 * d + v * (d + 1)
 
 
+def piece_params(cfg):
+    """(embeddings, one block, head): the terms of P, for a ModelShape or GPTConfig.
+    The embeddings D(V+T), a block 12D^2 + 10D, the head 2D + V(D+1) (final
+    LayerNorm and output layer); P = embeddings + N * block + head."""
+    d, v, t = cfg.dim, cfg.vocab, cfg.seq_len
+    return d * (v + t), 12 * d * d + 10 * d, 2 * d + v * (d + 1)
+
+
 def model_state_bytes(p, n=1, stage=0, mixed=True):
     """{"params", "grads", "optimizer", "total"} bytes per rank for ZeRO ``stage``
     (0 = DDP) on ``n`` ranks, Adam(W); ``mixed``: bf16 weights and gradients with
@@ -81,7 +89,7 @@ def activation_bytes_megatron(shape, batch, flash=False):
     softmax and dropout mask; a fused attention kernel (FlashAttention, torch's
     scaled_dot_product_attention, which the course's GPT calls) never stores them:
     34 s b h per layer. Embeddings and logits are left out, as in the paper."""
-    v, d, t, n, h, b = shape.vocab, shape.dim, shape.seq_len, shape.layers, shape.heads, batch
+    d, t, n, h, b = shape.dim, shape.seq_len, shape.layers, shape.heads, batch
     per_layer = 34 * t * b * d + (0 if flash else 5 * h * t * t * b)
     return n * per_layer
 

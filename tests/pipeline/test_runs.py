@@ -16,17 +16,23 @@ ship_by_value(__name__)
 CFG = corpus_config(layers=2, dim=16, heads=2, seq_len=8)
 
 
-def test_train_gpt_losses_are_one_process_losses():
-    got = run(train_gpt, CFG, "1f1b", 3, steps=3, batch=6, nproc=2, timeout=120)
+def one_process_losses(steps, batch):
+    """The whole GPT, one process, the whole batch: the losses a pipeline must give."""
     model = GPT(CFG, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    want = []
-    for x, y in corpus_batches(CFG, 6, 3, "cpu"):
+    losses = []
+    for x, y in corpus_batches(CFG, batch, steps, "cpu"):
         opt.zero_grad()
         loss = gpt_loss(CFG.vocab)(model(x), y)
         loss.backward()
         opt.step()
-        want.append(loss.item())
+        losses.append(loss.item())
+    return losses
+
+
+def test_train_gpt_losses_are_one_process_losses():
+    got = run(train_gpt, CFG, "1f1b", 3, steps=3, batch=6, nproc=2, timeout=120)
+    want = one_process_losses(steps=3, batch=6)
     assert got[0] is None and got[1] == pytest.approx(want, rel=1e-5)
 
 
@@ -82,15 +88,7 @@ def test_benchmark_needs_two_stages(capsys):
 def test_on_nccl_the_pipeline_trains_as_one_process_and_traces_its_actions():
     """The NCCL path: one batch_isend_irecv group per action, CUDA buffers, device-timed spans."""
     got = run(train_gpt, CFG, "1f1b", 4, steps=2, batch=8, nproc=2, backend="nccl", timeout=180)
-    model = GPT(CFG, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    want = []
-    for x, y in corpus_batches(CFG, 8, 2, "cpu"):
-        opt.zero_grad()
-        loss = gpt_loss(CFG.vocab)(model(x), y)
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want = one_process_losses(steps=2, batch=8)
     assert got[1] == pytest.approx(want, rel=1e-4)
     fixed = run(traced_fixed, 4, "gpipe", 0.002, 0.004, nproc=2, backend="nccl", timeout=180)
     assert 0 < measured_bubble(fixed.trace) < 1
