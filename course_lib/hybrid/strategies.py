@@ -132,7 +132,7 @@ def _dp(cfg, dp, inner, seed, lr, collectives, **_):
 def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
     from course_lib.ddp import DDP
     from course_lib.tp import parallelize_block
-    from course_lib.tp.layers import _ParallelLinear
+    from course_lib.tp import ColumnParallelLinear, RowParallelLinear
 
     dims = ParallelDims(dp=dp, tp=inner).build()
     model = GPT(cfg, seed).to(current_device())
@@ -144,7 +144,7 @@ def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
     def full_state():
         state = {n: p.detach().clone() for n, p in model.named_parameters()}
         for prefix, module in model.named_modules():
-            if isinstance(module, _ParallelLinear):
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 for name, tensor in module.dense_state().items():
                     state[f"{prefix}.{name}"] = tensor
         return state
