@@ -31,15 +31,17 @@ def job_processes():
 
 
 def stray_processes():
-    """Job processes other than this test process's warm jobs (which may stay
-    up between tests: that is what they are for)."""
+    """Job processes other than this test process's warm jobs and the shared sandbox's
+    (which may stay up between tests: that is what they are for)."""
+    from course_lib.grading.sandbox import RUN_MARKER
     from course_lib.runtime import warm
 
     keep = warm.current_job_ids()
     strays = []
     for p in job_processes():
         try:
-            if p.environ().get(procs.MARKER) not in keep:
+            env = p.environ()
+            if env.get(procs.MARKER) not in keep and env.get(RUN_MARKER) not in SANDBOXES:
                 strays.append(p)
         except (psutil.Error, OSError):
             continue
@@ -73,6 +75,37 @@ def nothing_left_at_the_end():
     shutdown()
     left = settled(job_processes, 20)
     assert not left, f"processes left after shutdown(): {[(p.pid, p.cmdline()) for p in left]}"
+
+
+SANDBOXES = set()  # tokens of the session's shared sandboxes
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory):
+    """One collector in its sandbox for the whole session, as the gradebook starts one per
+    notebook: tests ship the student's objects into it and judge them as the gradebook does."""
+    from course_lib.grading.sandbox import Sandbox
+
+    box = Sandbox(tmp_path_factory.mktemp("sandbox"))
+    SANDBOXES.add(box.token)
+    yield box
+    killed = box.close()
+    SANDBOXES.discard(box.token)
+    assert not killed, f"the sandbox's processes had to be killed: {killed}"
+
+
+def judged(box, check, *student, **options):
+    """``check(*student, **options)`` decided as the gradebook's judge decides it: the
+    student's objects (shipped by value) live in the sandbox ``box``, the requests run
+    there, and the comparison happens here. Returns the pass line or raises as the
+    check does (CheckFailed, NotImplementedError)."""
+    from course_lib.grading.judge import judge_check
+
+    names = []
+    for index, obj in enumerate(student):
+        names.append(f"_student_{index}")
+        box.ask({"op": "define", "name": names[-1], "value": obj}, 60)
+    return judge_check(check, names, options, box.ask)
 
 
 def ship_by_value(module_name):

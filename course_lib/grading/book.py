@@ -1,7 +1,7 @@
 """The gradebook's files, written as students are graded, and merging slices of a class.
 
 ``gradebook.csv`` has a row per student (a column per exercise, 1 or 0, the
-total, a status and flags), ``gradebook.details.csv`` a row per exercise and
+total, a status and flags, one flag a line in its cell), ``gradebook.details.csv`` a row per exercise and
 notebook (its result and the first line of its message), and
 ``feedback/<student>.md`` a page per student. Each row is appended, and the
 file flushed, as soon as that student's notebooks are all graded, so a grader
@@ -51,12 +51,12 @@ class Book:
         statuses = [f"{g.name}: {g.status}" + (f" ({g.detail})" if g.detail else "")
                     for g in graded if g.status != "ok" or g.detail]
         labs = [g.lab for g in graded if g.lab]
-        flags = [f"{g.name}: {flag}" for g in graded for flag in g.flags]
+        flags = [f"{g.name}: {' '.join(str(flag).split())}" for g in graded for flag in g.flags]
         flags += [f"several notebooks are lab {lab}; the best result of each exercise counts"
                   for lab in sorted(set(labs)) if labs.count(lab) > 1]
         row = {"student": student, **scores, "total": sum(scores.values()),
                "status": "; ".join(statuses) if statuses else ("ok" if graded else "no notebook"),
-               "flags": "; ".join(flags)}
+               "flags": "\n".join(flags)}  # one flag a line: a flag may hold any punctuation
         page = feedback.render(student, [(g.name, g.lab, g.status, g.detail, g.seconds, g.results)
                                          for g in graded], self.columns, row["total"], flags)
         with self.lock:

@@ -29,18 +29,20 @@ instead of hanging on code whose check failed::
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
 import threading
 from contextlib import contextmanager
 
+import cloudpickle
 import torch
 
-from course_lib.grading.references import reference_use
+from course_lib.grading import plain
+from course_lib.grading.requests import (Request, execute, inspect_objects, interpret,
+                                         not_implemented)
 from course_lib.grading.stubs import is_stub
-from course_lib.runtime.hangs import diagnose_hang
-from course_lib.runtime.launcher import LaunchError, LaunchTimeout, run
 
 PASS_MARK = "✓"
 
@@ -103,8 +105,7 @@ class CheckFailed(AssertionError):
 
 
 def _not_implemented(exercise):
-    return (f"{exercise} is not implemented yet: replace the `raise NotImplementedError` "
-            f"in its code cell with your solution, run that cell, then this one.")
+    return not_implemented(exercise)
 
 
 # ---- refusing course_lib's own implementation of the exercise --------------------------------
@@ -115,7 +116,8 @@ def guard_references(enabled=True):
     """Turn the reference check on or off in this process (None: back to the environment's
     ``COURSE_LIB_REFERENCE_GUARD``: ``1``, ``0`` or ``auto``, on in a Jupyter kernel). The
     library's tests hand the references to the checks as known-good answers, so outside a
-    kernel it is off unless asked for; the grader turns it on."""
+    kernel it is off unless asked for; the gradebook's judge reads the student's source
+    for the same thing."""
     global _reference_guard
     _reference_guard = enabled
 
@@ -132,24 +134,113 @@ def _guarding():
     return getattr(shell, "kernel", None) is not None
 
 
+def refusal(exercise, found):
+    """The failure for code that is, or calls, course_lib's implementation of ``exercise``."""
+    return CheckFailed(
+        f"{exercise}: your code uses course_lib's own implementation of this exercise "
+        f"({'; '.join(found)}). The exercise is to write it yourself: a check does not "
+        f"accept the library's version, called directly or through your code.",
+        exercise=exercise)
+
+
 def _refuse_references(exercise, objects):
     if not _guarding():
         return
+    from course_lib.grading.references import reference_use
+
     found = reference_use(exercise, objects)
     if found:
-        raise CheckFailed(
-            f"{exercise}: your code uses course_lib's own implementation of this exercise "
-            f"({'; '.join(found)}). The exercise is to write it yourself: a check does not "
-            f"accept the library's version, called directly or through your code.",
-            exercise=exercise)
+        raise refusal(exercise, found)
+
+
+# ---- a check: a generator of requests, driven here or by the gradebook's judge ---------------
+def check(exercise):
+    """Make a generator of :mod:`~course_lib.grading.requests` a check of ``exercise``.
+
+    The generator takes the student's objects (positional) and options (keywords),
+    yields a request whenever it needs the student's code run, receives the answer as
+    plain data, compares with its own references (raising :class:`CheckFailed`), and
+    returns the detail of the pass line. Called from a check cell, the check runs in
+    this process and prints the pass line; the gradebook's judge drives ``.steps``
+    against the submission's sandbox instead::
+
+        @checks.check("Exercise 0.2")
+        def check_token_ring(token_ring, world_sizes=(2, 3)):
+            for n in world_sizes:
+                outs = yield requests.on_ranks(jobs.counted, token_ring, TOKEN, nproc=n)
+                ...                        # compare outs with the expected tokens
+            return f"world sizes {list(world_sizes)}"
+    """
+    def wrap(steps):
+        @functools.wraps(steps)
+        def in_this_process(*student, **options):
+            _record(exercise, "checking")
+            try:
+                seen = inspect_objects(exercise, student, references=_guarding())
+                if seen.get("stub"):
+                    raise NotImplementedError(not_implemented(exercise))
+                if seen.get("references"):
+                    raise refusal(exercise, seen["references"])
+                detail = drive(steps(*student, **options), lambda r: answer_here(exercise, r))
+            except NotImplementedError:
+                _record(exercise, "failed")
+                raise
+            passed(exercise, detail)
+
+        in_this_process.exercise = exercise
+        in_this_process.steps = steps
+        return in_this_process
+    return wrap
+
+
+def drive(generator, answer):
+    """Run a check's generator to its end, answering each request with ``answer(request)``
+    (an exception it raises is thrown into the generator); returns the pass detail."""
+    value, error = None, None
+    while True:
+        try:
+            request = generator.send(value) if error is None else generator.throw(error)
+        except StopIteration as done:
+            return done.value or ""
+        try:
+            value, error = answer(request), None
+        except (CheckFailed, NotImplementedError) as exc:
+            value, error = None, exc
+
+
+_references_lock = threading.Lock()
+_references_cache: dict = {}
+
+
+def reference_ranks(fn, *args, nproc, timeout=120.0, **kwargs):
+    """What ``fn(*args, **kwargs)`` returns on each of ``nproc`` gloo ranks of this
+    process's own job, as plain data: for a reference that needs real ranks (a torch
+    built-in on a process group). In the gradebook this process is the judge, whose
+    jobs never run student code; answers are kept, so a class pays for each once."""
+    from course_lib.runtime.launcher import run
+
+    key = cloudpickle.dumps((fn, args, kwargs, nproc))
+    with _references_lock:
+        if key not in _references_cache:
+            _references_cache[key] = plain.encode(list(run(fn, *args, nproc=nproc,
+                                                           backend="gloo", timeout=timeout,
+                                                           **kwargs)))
+        return plain.decode(_references_cache[key])
+
+
+def answer_here(exercise, request):
+    """Run ``request`` in this process (a notebook kernel) and read its answer."""
+    kept = {}
+    return interpret(exercise, request, execute(request, kept), kept)
+
+
+def in_process(exercise, *student):
+    """Compatibility for checks not yet written as generators (see :func:`check`)."""
+    return _in_process(exercise, *student)
 
 
 @contextmanager
-def in_process(exercise, *student):
-    """For a check that calls the student's function in the notebook's own process
-    (pure logic, no ranks): the same bookkeeping and stub message as :func:`launch`.
-    Pass the student's objects (``with in_process(ex, my_fn):``) to refuse, as
-    :func:`launch` does, course_lib's own implementation of ``exercise``."""
+def _in_process(exercise, *student):
     _record(exercise, "checking")
     if student and any(is_stub(obj) for obj in student):
         _record(exercise, "failed")
@@ -162,54 +253,21 @@ def in_process(exercise, *student):
         raise NotImplementedError(_not_implemented(exercise)) from None
 
 
-_GLOO_ABORT = re.compile(r"what\(\):\s*(?:\[enforce fail at [^\]]*\]\s*)?(?P<what>.+)")
-
-
-def launch(exercise, fn, *args, nproc, timeout=60.0, backend="gloo", **kwargs):
-    """``run(fn, ...)`` with failures translated into messages about ``exercise``
-    (and recorded for :func:`ready`). Checks grade on CPU ranks (gloo) by default:
-    world sizes like 3 need no GPUs, and a grade does not depend on the machine."""
+def launch(exercise, fn, *args, nproc, timeout=60.0, fresh=False, **kwargs):
+    """``run(fn, ...)`` on CPU ranks with failures translated into messages about
+    ``exercise`` (and recorded for :func:`ready`): what :func:`~course_lib.grading.
+    requests.on_ranks` does, for any function (a test's, a notebook's)."""
     _record(exercise, "checking")
     if any(is_stub(obj) for obj in (fn, *args, *kwargs.values())):
         _record(exercise, "failed")  # no job: every rank would raise at its first line
         raise NotImplementedError(_not_implemented(exercise))
     _refuse_references(exercise, [fn, *args, *kwargs.values()])
+    request = Request("ranks", fn, args, kwargs, nproc, float(timeout), fresh=fresh)
     try:
-        return run(fn, *args, nproc=nproc, timeout=timeout, backend=backend, **kwargs)
-    except LaunchTimeout as exc:
-        diagnosis = getattr(exc, "diagnosis", None) or diagnose_hang(exc.stacks, nproc)
-        error = CheckFailed(
-            f"{exercise}: with world size {nproc} your code did not finish in {timeout:g}s "
-            f"and was stopped.\n{diagnosis.explain()}", exercise=exercise)
-        error.stacks, error.diagnosis = exc.stacks, diagnosis
-        raise error from None
-    except LaunchError as exc:
-        if exc.exc_type == "NotImplementedError":
-            _record(exercise, "failed")
-            raise NotImplementedError(_not_implemented(exercise)) from None
-        if not exc.errors:
-            raise CheckFailed(_ended_without_error(exercise, nproc, exc),
-                              exercise=exercise) from None
-        rank = exc.errors[0]["rank"]
-        raise CheckFailed(f"{exercise}: your code raised on rank {rank} "
-                          f"(world size {nproc}).\n\n{exc}", exercise=exercise) from None
-
-
-def _ended_without_error(exercise, nproc, exc):
-    """The message for a job that ended with no rank reporting a Python error: a rank
-    the backend aborted (gloo does, on a message of the wrong size), or one that
-    ended its own process."""
-    found = _GLOO_ABORT.search(exc.log or "")
-    if found:
-        return (f"{exercise}: with world size {nproc} the gloo backend aborted a rank of your "
-                f"job: {found['what'].strip()}\nHint: the ranks disagree on the size of a "
-                f"message: a collective called with tensors of different sizes or dtypes on "
-                f"different ranks, different collectives on different ranks, or a recv into "
-                f"a tensor of another size than its send's. Every rank must pass tensors of "
-                f"the same shape and dtype to a collective, in the same order.\n\n{exc}")
-    return (f"{exercise}: with world size {nproc} a rank of your job ended without a Python "
-            f"error (did your code call sys.exit() or os._exit(), or was the process "
-            f"killed?).\n\n{exc}")
+        return answer_here(exercise, request)
+    except NotImplementedError:
+        _record(exercise, "failed")
+        raise
 
 
 def _describe(tensor, limit=8):

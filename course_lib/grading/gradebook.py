@@ -5,14 +5,17 @@
     python -m course_lib.grading.gradebook merge parts/*.csv --out grades/gradebook.csv
 
 ``submissions/<student>/<any>.ipynb`` or ``submissions/<student>.ipynb``; the lab
-of each notebook is recognised from its content. Each notebook runs in a fresh
-kernel, with its check cells put back as the lab has them (hidden tests
-included) and course_lib's check code reloaded before each of them
-(:mod:`~course_lib.grading.guard`), within ``--timeout`` seconds in all and
-``--cell-timeout`` per cell. An exercise scores 1 when its own check cell printed
-the whole line ``✓ Exercise N.M passed`` and raised nothing; its result is one
-of pass, fail (the check judged the code wrong, or it is a stub), error (the
-check could not judge: a name missing, the kernel died...) or timeout.
+of each notebook is recognised from its content. Each notebook's code runs in a
+sandbox of its own (:mod:`~course_lib.grading.sandbox`), its check cells put back
+as the lab has them (hidden tests included) and decided by the judge
+(:mod:`~course_lib.grading.judge`), a process that never runs student code:
+the student's code runs on the checks' inputs, only plain data comes back, and
+the judge computes the references and compares. By default only what the checks
+need runs (setup, exercise cells, cells the student added); ``--full`` runs every
+cell and keeps its outputs. Each notebook has ``--timeout`` seconds in all and
+``--cell-timeout`` per cell. An exercise's result is one of pass, fail (the check
+judged the code wrong, or it is a stub), error (the notebook stopped before it)
+or timeout; it scores 1 when it passed.
 
 Written as students are graded (a stop half-way leaves everyone graded so far):
 
@@ -30,7 +33,6 @@ import ast
 import os
 import re
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -38,82 +40,11 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.grading import integrity, runner
+from course_lib.grading import integrity
 from course_lib.grading.book import DETAILS, FIXED, Book, Progress, exercise_key, merge  # noqa: F401
-from course_lib.grading.checks import PASS_MARK
-from course_lib.grading.labgen import EXERCISE_HEADING
+from course_lib.grading.judge import judge_notebook
 from course_lib.grading.submissions import (InvalidNotebook, Lab, find_submissions, load_labs,
                                             prepare, read_notebook, recognise)
-
-# A pass is this whole line, printed to stdout by the check cell of that exercise.
-PASS_LINE = re.compile("^" + re.escape(PASS_MARK) + r" (Exercise \d+\.\d+) passed( \(.*\))?$")
-FAILED = {"CheckFailed", "AssertionError", "NotImplementedError"}
-
-
-def _pass_line(cell, exercise):
-    text = "".join(o.get("text", "") for o in cell.get("outputs", [])
-                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
-    return next((line for line in text.splitlines()
-                 if (m := PASS_LINE.match(line)) and m.group(1) == exercise), None)
-
-
-def passed_exercises(nb, check_ids):
-    """The exercises whose own check cell printed their pass line, as a whole line on
-    stdout, and raised nothing. A check cell belongs to the exercise of the nearest
-    ``Exercise N.M`` heading above it (``check_ids`` a set), or to the one
-    ``check_ids`` maps it to (a dict); a pass line printed anywhere else counts for
-    nothing."""
-    found, exercise = set(), None
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            headings = EXERCISE_HEADING.findall(cell.source)
-            exercise = headings[-1][0] if headings else exercise
-            continue
-        owner = check_ids.get(cell.get("id")) if isinstance(check_ids, dict) else exercise
-        if cell.cell_type != "code" or cell.get("id") not in check_ids or owner is None:
-            continue
-        if any(o.get("output_type") == "error" for o in cell.outputs):
-            continue
-        if _pass_line(cell, owner):
-            found.add(owner)
-    return found
-
-
-def _first_line(text):
-    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
-
-
-def exercise_results(execution, checks):
-    """{exercise: (pass|fail|error|timeout, first line of its message)}."""
-    results = {}
-    during = {}
-    for event in execution.guard:
-        if event.get("event") == "after" and event.get("changes"):
-            during[event["exercise"]] = event["changes"]
-        if event.get("event") == "error" and event.get("exercise"):
-            during.setdefault(event["exercise"], [f"the grader's cell failed: {event['message']}"])
-    for index, cell in enumerate(execution.nb.cells):
-        exercise = checks.get(cell.get("id"))
-        if exercise is None:
-            continue
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if index not in execution.executed:
-            status = "timeout" if execution.status == "timeout" else "error"
-            result = (status, f"not run: {execution.detail or 'the notebook stopped before it'}")
-        elif errors:
-            err = errors[0]
-            status = ("timeout" if err.ename == "CellTimeoutError" else
-                      "fail" if err.ename in FAILED else "error")
-            message = _first_line(err.evalue) or err.ename
-            result = (status, message if status == "fail" else f"{err.ename}: {message}")
-        elif exercise in during:
-            result = ("fail", "while the check ran, your code changed " + "; ".join(during[exercise]))
-        elif _pass_line(cell, exercise):
-            result = ("pass", _pass_line(cell, exercise))
-        else:
-            result = ("error", "the check cell printed no pass line")
-        results[exercise] = result
-    return results
 
 
 # ---- one notebook ----------------------------------------------------------------------------
@@ -135,6 +66,8 @@ class Settings:
     timeout: float = 900.0  # per notebook
     cell_timeout: float = 300.0
     params: dict = field(default_factory=dict)
+    full: bool = False  # every cell, not only what the checks need
+    sandboxed: bool | None = None  # None: the sandbox wherever it can start
 
 
 def grade_notebook(student, path, name, nb, lab, settings):
@@ -149,27 +82,25 @@ def grade_notebook(student, path, name, nb, lab, settings):
                      if c.cell_type == "code" and c.get("id") not in checks
                      and "injected-parameters" not in c.metadata.get("tags", [])]
     graded.flags += integrity.scan(student_cells, lab.code_sources, lab.exercise_ids)
-    execution = runner.execute(prepared, checks, lab.check_modules, lab.check_names, outputs,
-                               timeout=settings.timeout, cell_timeout=settings.cell_timeout)
-    graded.status, graded.detail, graded.seconds = execution.status, execution.detail, \
-        execution.seconds
-    if execution.status == "ok" and execution.timed_out:
-        graded.detail = ", ".join(f"cell {i + 1}" for i in sorted(execution.timed_out)) + \
+    judged = judge_notebook(prepared, lab, checks, outputs, full=settings.full,
+                            timeout=settings.timeout, cell_timeout=settings.cell_timeout,
+                            sandboxed=settings.sandboxed)
+    graded.status, graded.detail, graded.seconds = judged.status, judged.detail, judged.seconds
+    if judged.status == "ok" and judged.timed_out:
+        graded.detail = ", ".join(f"cell {i + 1}" for i in sorted(judged.timed_out)) + \
             f" stopped after {settings.cell_timeout:g} s (interrupted)"
-    graded.results = exercise_results(execution, checks)
-    for event in execution.guard:
-        for change in event.get("changes", []):
-            when = "before" if event["event"] == "before" else "while"
-            graded.flags.append(f"{change} ({when} the check of {event['exercise']} ran; "
-                                f"undone)")
+    graded.results = judged.results
+    if not judged.sandboxed:
+        graded.flags.insert(0, "unsandboxed: the submission ran without the sandbox "
+                               "(bwrap missing or not allowed here)")
     for exercise, (status, message) in graded.results.items():
         if status == "fail" and "course_lib's own implementation" in message:
             graded.flags.append(f"{exercise}: {message[:160]}")
-    if execution.leftovers:
-        graded.flags.append("processes left running were killed: " + ", ".join(execution.leftovers))
+    if judged.leftovers:
+        graded.flags.append("processes left running were killed: " + ", ".join(judged.leftovers))
     executed = settings.files / "executed" / student / name
     executed.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(execution.nb, executed)
+    nbformat.write(judged.nb, executed)
     return graded
 
 
@@ -200,7 +131,8 @@ def _inside(path, folder):
 
 
 def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, timeout=900.0,
-              cell_timeout=300.0, jobs=1, part=(0, 1), only=None, params=None):
+              cell_timeout=300.0, jobs=1, part=(0, 1), only=None, params=None, full=False,
+              sandboxed=None):
     """Grade every submission in ``folder`` (those of slice ``part`` = (i, n)); returns
     (exercise columns, rows). Rows and feedback are written as students finish."""
     files = Path(files) if files is not None else Path(out).parent
@@ -228,7 +160,7 @@ def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, ti
     index, count = part
     mine = submissions[index::count]
     book = Book(out, files, columns)
-    settings = Settings(files, timeout, cell_timeout, dict(params or {}))
+    settings = Settings(files, timeout, cell_timeout, dict(params or {}), full, sandboxed)
     tasks = [(sub.student, path, str(path.relative_to(Path(folder) / sub.student))
               if path.parent != Path(folder) else path.name) for sub in mine for path in sub.notebooks]
     pending = {sub.student: len(sub.notebooks) for sub in mine}
@@ -254,22 +186,6 @@ def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, ti
     finally:
         progress.close()
     return columns, book.rows
-
-
-# ---- what the old API offered, for tests that run one notebook ------------------------------------
-def execute_submission(path, lab, timeout=900):
-    """Run a submission against ``lab`` (a generated lab notebook) with its check cells
-    restored, ``timeout`` seconds per cell. Returns the executed notebook and
-    {check cell id: exercise}."""
-    from course_lib.grading.submissions import _check_names, lab_checks
-
-    lab_obj = Lab(Path(path).stem, Path(path), lab, [], lab_checks(lab), _check_names(lab))
-    with tempfile.TemporaryDirectory(prefix="grade-") as work:
-        nb, checks, _ = prepare(nbformat.read(path, as_version=4), lab_obj,
-                                {"OUTPUT_DIR": work})
-        execution = runner.execute(nb, checks, lab_obj.check_modules, lab_obj.check_names,
-                                   work, timeout=float("inf"), cell_timeout=timeout)
-    return execution.nb, checks
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -321,6 +237,9 @@ def main(argv=None):
                         help="grade only students I, I+N, I+2N, ... (0 <= I < N)")
     parser.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
                         help="a parameter for every notebook (e.g. NPROC=2)")
+    parser.add_argument("--full", action="store_true",
+                        help="run every cell (demos, measurements, plots), not only what the "
+                             "checks need, and keep all outputs in executed/")
     ns = parser.parse_args(argv)
     if not Path(ns.submissions).is_dir():
         print(f"error: no submissions folder {ns.submissions!r}", file=sys.stderr)
@@ -333,7 +252,8 @@ def main(argv=None):
     started = time.monotonic()
     try:
         columns, rows = gradebook(ns.submissions, ns.solutions, ns.out, ns.files, ns.timeout,
-                                  ns.cell_timeout, ns.jobs, ns.slice, ns.lab, dict(ns.param))
+                                  ns.cell_timeout, ns.jobs, ns.slice, ns.lab, dict(ns.param),
+                                  ns.full)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,11 @@ student's. :func:`scan` parses them and reports, by cell:
   ...``), including through names bound to them by an import, ``setattr`` /
   ``delattr`` on them, and writes into their ``__dict__``;
 - a pass line (``✓ Exercise N.M``) written in the student's code, or a call of
-  ``checks.passed``.
+  ``checks.passed``;
+- code or names built at run time (``exec``, ``eval``, ``compile``,
+  ``__import__``, ``importlib.import_module`` of a computed name, ``getattr``
+  with a computed name): the judge's reading of the source
+  (:mod:`~course_lib.grading.source`) cannot follow them, so a person should.
 
 Whatever the lab itself contains is given, not the student's: a statement
 found in the generated lab (its setup cell imports ``from course_lib import
@@ -28,9 +32,15 @@ import types
 from course_lib.grading.references import reference_modules, references
 
 PASS_TEXT = "✓ Exercise"
+RUN_TIME_CODE = {"exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile",
+                 "__import__", "builtins.__import__"}
+# a call whose argument at this position names something: flagged when it is computed
+RUN_TIME_NAMES = {"getattr": 1, "builtins.getattr": 1, "importlib.import_module": 0}
 PROTECTED_ROOTS = ("course_lib", "torch", "sys", "builtins", "importlib")
-GRADER_MODULES = ("course_lib.grading.guard", "course_lib.grading.integrity",
-                  "course_lib.grading.gradebook", "course_lib.grading.submissions")
+GRADER_MODULES = ("course_lib.grading.integrity", "course_lib.grading.gradebook",
+                  "course_lib.grading.submissions", "course_lib.grading.judge",
+                  "course_lib.grading.sandbox", "course_lib.grading.collector",
+                  "course_lib.grading.requests", "course_lib.grading.source")
 
 
 def python_source(source):
@@ -178,6 +188,10 @@ def _findings(tree, lab, aliases):
                     yield ast.dump(node), f"calls {func.split('.')[-1]} on {path}"
             elif func == "course_lib.grading.checks.passed":
                 yield ast.dump(node), "calls checks.passed itself"
+            elif func in RUN_TIME_CODE or (
+                    func in RUN_TIME_NAMES and len(node.args) > RUN_TIME_NAMES[func]
+                    and not isinstance(node.args[RUN_TIME_NAMES[func]], ast.Constant)):
+                yield ast.dump(node), f"builds code or names at run time ({func.split('.')[-1]})"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and PASS_TEXT in node.value:
             yield ast.dump(node), f"writes a pass line ({node.value.strip()[:60]!r})"

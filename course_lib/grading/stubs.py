@@ -58,10 +58,11 @@ def _instructions(code):
     return [i for i in dis.get_instructions(code) if i.opname not in _PROLOGUE]
 
 
-def _code_is_stub(code):
+def code_is_stub(code):
+    """Whether ``code`` (or a code object nested in it) holds the stub."""
     if _opens_with_raise(code) or _raises_labgen_stub(code):
         return True
-    return any(isinstance(c, types.CodeType) and _code_is_stub(c) for c in code.co_consts)
+    return any(isinstance(c, types.CodeType) and code_is_stub(c) for c in code.co_consts)
 
 
 def is_stub(obj, depth=3):
@@ -79,9 +80,9 @@ def is_stub(obj, depth=3):
         return False
     if inspect.isclass(obj):
         members = [getattr(m, "__func__", m) for m in vars(obj).values()]
-        return any(inspect.isfunction(m) and _code_is_stub(m.__code__) for m in members)
+        return any(inspect.isfunction(m) and code_is_stub(m.__code__) for m in members)
     code = getattr(func, "__code__", None)
-    return isinstance(code, types.CodeType) and _code_is_stub(code)
+    return isinstance(code, types.CodeType) and code_is_stub(code)
 
 
 def _filled(cell):

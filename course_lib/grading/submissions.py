@@ -25,8 +25,8 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell
 
-from course_lib.grading.labgen import (EXERCISE_HEADING, LabGenError, exercises_in, make_lab,
-                                      strip_source)
+from course_lib.grading.labgen import (BEGIN, EXERCISE_HEADING, LabGenError, exercises_in,
+                                      make_lab, strip_source)
 
 
 @dataclass
@@ -46,6 +46,9 @@ class Lab:
     checks: list  # [CheckCell], in notebook order
     # names the lab binds to check modules: {name: "module"} or {name: "module:attribute"}
     check_names: dict = field(default_factory=dict)
+    setup_ids: set = field(default_factory=set)  # cells tagged "setup": what exercises need
+    solution_ids: set = field(default_factory=set)  # cells holding a solution region
+    cell_ids: set = field(default_factory=set)  # every cell of the lab
 
     @property
     def exercise_ids(self):
@@ -79,7 +82,12 @@ def load_lab(path):
     lab = make_lab(solution, path.name)
     grading = make_lab(solution, path.name, keep_hidden=True)
     return Lab(path.stem, path, lab, exercises_in(lab), lab_checks(grading, lab),
-               _check_names(lab))
+               _check_names(lab),
+               setup_ids={c.get("id") for c in solution.cells
+                          if "setup" in c.metadata.get("tags", [])},
+               solution_ids={c.get("id") for c in solution.cells
+                             if c.cell_type == "code" and BEGIN in c.source},
+               cell_ids={c.get("id") for c in lab.cells})
 
 
 def _check_names(lab):

@@ -1,12 +1,12 @@
-"""Lab 00's reference patterns pass Lab 00's checks; broken versions fail them
-with the message a student would need."""
+"""Lab 00's reference patterns pass Lab 00's checks; broken versions fail them, decided
+as the gradebook's judge decides (in the sandbox), with the message a student would need."""
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib import comm, run
 from course_lib.collectives import p2p
 from course_lib.grading import checks, lab00
@@ -77,16 +77,19 @@ def shift_send_first(x):
     return out
 
 
-def test_broken_solutions_fail_with_actionable_messages():
+def test_broken_solutions_fail_with_actionable_messages(sandbox):
     with pytest.raises(checks.CheckFailed, match="Exercise 0.1: rank 0 .* the echoed payload"):
-        lab00.check_ping_pong(echo_plus_one, world_sizes=(2,))
+        judged(sandbox, lab00.check_ping_pong, echo_plus_one, world_sizes=(2,))
     with pytest.raises(checks.CheckFailed, match="(?s)Exercise 0.2: rank 0 .*Hint: rank r > 0 adds r"):
-        lab00.check_token_ring(ring_without_adding, world_sizes=(3,))
+        judged(sandbox, lab00.check_token_ring, ring_without_adding, world_sizes=(3,))
     with pytest.raises(checks.CheckFailed, match=r"\(messages sent, received\): expected \(1, 1\), "
                                                  r"got \(2, 2\)"):
-        lab00.check_ring_shift(shift_twice, world_sizes=(2,))
+        judged(sandbox, lab00.check_ring_shift, shift_twice, world_sizes=(2,))
     with pytest.raises(checks.CheckFailed, match="did not finish"):
-        lab00.check_ring_shift(shift_send_first, world_sizes=(3,), timeout=6)
+        judged(sandbox, lab00.check_ring_shift, shift_send_first, world_sizes=(3,), timeout=6)
+    # the same verdict in a notebook's kernel, where the check runs in-process
+    with pytest.raises(checks.CheckFailed, match="(?s)Exercise 0.2: rank 0 .*Hint: rank r > 0 adds r"):
+        lab00.check_token_ring(ring_without_adding, world_sizes=(3,))
 
 
 def timed_once_around_the_loop(payload, iters):
@@ -124,9 +127,9 @@ def timed_backwards(payload, iters):
     (timed_backwards, r"(?s)must be positive durations.*Hint: every time is negative: "
                       r"subtract the start from the end"),
 ])
-def test_ping_pong_timing_mistakes_are_named(wrong, fragment):
+def test_ping_pong_timing_mistakes_are_named(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab00.check_ping_pong(wrong, world_sizes=(2,))
+        judged(sandbox, lab00.check_ping_pong, wrong, world_sizes=(2,))
 
 
 def test_stubs_say_which_exercise_is_missing():

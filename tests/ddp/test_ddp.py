@@ -44,8 +44,8 @@ def wrapped(kind):
 
 @pytest.mark.parametrize("kind", ["naive", "flat", "ring"])
 def test_other_variants_equal_single_process_training(kind):
-    outs = run(lab02._train, wrapped(kind), nproc=3)
-    lab02._grade_training("DDP " + kind, outs, 3, "")
+    outs = run(lab02.jobs.train, wrapped(kind), nproc=3)
+    lab02.grade_training("DDP " + kind, outs, 3, "")
 
 
 class Tricky(nn.Module):
@@ -310,11 +310,12 @@ def layer_per_bucket(overlap):
 
 
 def test_ddp_without_overlap_equals_one_process_and_launches_at_the_end():
-    outs = run(lab02._train, layer_per_bucket(False), kind="use_order", nproc=3, timeout=120)
-    lab02._grade_training("DDP overlap=False", outs, 3, "", kind="use_order")
+    outs = run(lab02.jobs.train, layer_per_bucket(False), kind="use_order", nproc=3, timeout=120)
+    lab02.grade_training("DDP overlap=False", outs, 3, "", kind="use_order")
     for out in outs:
         assert out["buckets"] == 4 and out["launched"] == [0, 1, 2, 3]
         assert set(out["hooks_seen"]) == {0}  # no bucket left before backward ended
     # the same DDP with overlap launches buckets while gradient hooks still run
-    overlapped = run(lab02._train, layer_per_bucket(True), kind="use_order", nproc=3, timeout=120)
+    overlapped = run(lab02.jobs.train, layer_per_bucket(True), kind="use_order", nproc=3,
+                     timeout=120)
     assert all(max(out["hooks_seen"]) > 0 for out in overlapped)

@@ -132,10 +132,10 @@ WRAPPERS = {"NaiveDDP": NaiveDDP, "FlatDDP": FlatDDP,
 def lab02_job(wrapper, all_reduce):
     """Lab 02's training run (ranks start from different weights) on the rank's GPU."""
     rank, world, device = dist.get_rank(), dist.get_world_size(), current_device()
-    model = lab02._model("mlp", seed=0 if rank == 0 else 1000 + rank).to(device)
+    model = lab02.references.model("mlp", seed=0 if rank == 0 else 1000 + rank).to(device)
     ddp = WRAPPERS[wrapper](model, all_reduce=all_reduce)
     opt = torch.optim.SGD(model.parameters(), lr=lab02.LR)
-    x, y = lab02._data(world)
+    x, y = lab02.references.data(world)
     mine = slice(rank * lab02.PER_RANK, (rank + 1) * lab02.PER_RANK)
     x, y = x[mine].to(device), y[mine].to(device)
     for _ in range(lab02.STEPS):
@@ -149,7 +149,7 @@ def lab02_job(wrapper, all_reduce):
                                                 ("DDP", "torch"), ("DDP", "ring")])
 def test_lab02_data_parallel_equals_one_process_on_nccl(wrapper, all_reduce):
     outs = run(lab02_job, wrapper, all_reduce, nproc=2, backend="nccl", timeout=TIMEOUT)
-    expected, _ = lab02._single_process(2)  # one CPU process, the whole batch
+    expected, _ = lab02.references.single_process(2)  # one CPU process, the whole batch
     for params in outs:
         assert len(params) == len(expected)
         for got, want in zip(params, expected):
@@ -165,7 +165,7 @@ def bf16_hook_job(kind):
     from course_lib.ddp import comm_hooks
 
     rank, device = dist.get_rank(), current_device()
-    model = lab02._model("mlp", seed=0).to(device)
+    model = lab02.references.model("mlp", seed=0).to(device)
     if kind == "torch":
         ddp = DistributedDataParallel(model, device_ids=[device.index], bucket_cap_mb=0.01)
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
@@ -174,7 +174,7 @@ def bf16_hook_job(kind):
         ddp.register_comm_hook(None, comm_hooks.bf16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lab02.LR)
     x, y = (t[rank * lab02.PER_RANK:(rank + 1) * lab02.PER_RANK].to(device)
-            for t in lab02._data(dist.get_world_size()))
+            for t in lab02.references.data(dist.get_world_size()))
     for _ in range(lab02.STEPS):
         opt.zero_grad()
         F.mse_loss(ddp(x), y).backward()

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib.ddp.buckets import Bucket, assign_buckets
 from course_lib.grading import checks, lab02
 
@@ -37,10 +37,10 @@ def average_the_weights(model):
     (average_forgot_divide, "are 2.00x the expected ones"),
     (average_the_weights, "this rank's own gradients, not averaged"),
 ])
-def test_average_gradients_names_the_mistake(wrong, fragment):
+def test_average_gradients_names_the_mistake(wrong, fragment, sandbox):
     lab02.check_average_gradients(average_right, world_sizes=(2,))
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab02.check_average_gradients(wrong, world_sizes=(2,))
+        judged(sandbox, lab02.check_average_gradients, wrong, world_sizes=(2,))
 
 
 # ---- Exercise 2.2 -------------------------------------------------------------------
@@ -92,13 +92,13 @@ def test_assign_buckets_check_passes_the_solution(capsys):
     (buckets_dropping_the_rest, r"parameter\(s\) \[0\] are in no bucket\.\nHint: the last "
                                 r"bucket takes whatever is left"),
 ])
-def test_assign_buckets_check_names_the_mistake(wrong, fragment):
+def test_assign_buckets_check_names_the_mistake(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab02.check_assign_buckets(wrong)
+        judged(sandbox, lab02.check_assign_buckets, wrong)
     assert checks.outcome("Exercise 2.2") == "failed"
 
 
-def test_assign_buckets_random_trials_name_the_mistake_too():
+def test_assign_buckets_random_trials_name_the_mistake_too(sandbox):
     # right on the hand-checked cases, wrong on some random one: over the cap when
     # a bucket reaches it exactly, but only for caps above 100
     def sloppy(sizes, cap):
@@ -106,7 +106,7 @@ def test_assign_buckets_random_trials_name_the_mistake_too():
 
     with pytest.raises(checks.CheckFailed, match=r"(?s)cap_bytes=\d{3}\) returned .*already "
                                                  r"held \d+ bytes.*before parameter"):
-        lab02.check_assign_buckets(sloppy)
+        judged(sandbox, lab02.check_assign_buckets, sloppy)
 
 
 # ---- Exercise 2.3 -------------------------------------------------------------------
@@ -175,9 +175,9 @@ def test_bucketed_ddp_check_passes_the_solution(capsys):
                          r"completed"),
     ("at_the_end", "launched no bucket before the last gradient hook fired"),
 ])
-def test_bucketed_ddp_check_names_the_mistake(policy, fragment):
+def test_bucketed_ddp_check_names_the_mistake(policy, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab02.check_bucketed_ddp(student(policy), world_sizes=(2,))
+        judged(sandbox, lab02.check_bucketed_ddp, student(policy), world_sizes=(2,))
 
 
 # ---- Exercise 2.4 -------------------------------------------------------------------
@@ -221,9 +221,9 @@ def test_accumulation_check_passes_the_solution(capsys):
     (accumulate_sum_of_means, r"are 2.00x the expected ones"),
     (accumulate_no_sync_around_backward_only, "all-reduced the gradients 2 times"),
 ])
-def test_accumulation_check_names_the_mistake(wrong, fragment):
+def test_accumulation_check_names_the_mistake(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab02.check_accumulation(wrong, world_sizes=(2,), micro_batches=(2,))
+        judged(sandbox, lab02.check_accumulation, wrong, world_sizes=(2,), micro_batches=(2,))
 
 
 # ---- Exercise 2.5 -------------------------------------------------------------------
@@ -274,33 +274,33 @@ def test_bf16_hook_check_passes_the_solution(capsys):
     (hook_no_divide, "is 2.00x the average"),
     (hook_returns_bf16, "shape and dtype of the reduced bucket"),
 ])
-def test_bf16_hook_check_names_the_mistake(wrong, fragment):
+def test_bf16_hook_check_names_the_mistake(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab02.check_bf16_hook(wrong, world_sizes=(2,))
+        judged(sandbox, lab02.check_bf16_hook, wrong, world_sizes=(2,))
 
 
-def test_bf16_hook_that_keeps_state_fails_in_training():
+def test_bf16_hook_that_keeps_state_fails_in_training(sandbox):
     with pytest.raises(checks.CheckFailed, match=r"(?s)at step 3 of 3, the averaged gradients of parameter\(s\) .*"
                                                  r"differ.*Hint: step 1 agreed.*carries "
                                                  r"something from one call to the next"):
-        lab02.check_bf16_hook(hook_reusing_its_first_buffer, world_sizes=(2,))
+        judged(sandbox, lab02.check_bf16_hook, hook_reusing_its_first_buffer, world_sizes=(2,))
 
 
-def test_stubs_say_not_implemented():
+def test_stubs_say_not_implemented(sandbox):
     def stub(*args):
         raise NotImplementedError
 
     with pytest.raises(NotImplementedError, match="Exercise 2.1 is not implemented"):
-        lab02.check_average_gradients(stub, world_sizes=(2,))
+        judged(sandbox, lab02.check_average_gradients, stub, world_sizes=(2,))
     assert checks.outcome("Exercise 2.1") == "failed"
     with pytest.raises(NotImplementedError, match="Exercise 2.3 is not implemented"):
-        lab02.check_bucketed_ddp(stub, world_sizes=(2,))
+        judged(sandbox, lab02.check_bucketed_ddp, stub, world_sizes=(2,))
     assert not checks.ready("Exercise 2.3")
     with pytest.raises(NotImplementedError, match="Exercise 2.2 is not implemented"):
-        lab02.check_assign_buckets(stub)  # checked in this process, not on ranks
+        judged(sandbox, lab02.check_assign_buckets, stub)  # checked in this process, not on ranks
     assert checks.outcome("Exercise 2.2") == "failed"
     with pytest.raises(NotImplementedError, match="Exercise 2.4 is not implemented"):
-        lab02.check_accumulation(stub, world_sizes=(2,), micro_batches=(2,))
+        judged(sandbox, lab02.check_accumulation, stub, world_sizes=(2,), micro_batches=(2,))
     with pytest.raises(NotImplementedError, match="Exercise 2.5 is not implemented"):
-        lab02.check_bf16_hook(stub, world_sizes=(2,))
+        judged(sandbox, lab02.check_bf16_hook, stub, world_sizes=(2,))
     assert not checks.ready("Exercise 2.5")

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib.grading import checks, lab03
 from course_lib.runtime.backend import builtin_all_gather
 
@@ -89,17 +89,17 @@ def test_solutions_pass(capsys):
     (lab03.check_zero_bytes, zero_bytes_notes_14p, "stage 0 is DDP: 2P \\+ 2P \\+ 12P"),
     (lab03.check_shard_bounds, shard_bounds_no_padding, "pad the flat buffer"),
 ])
-def test_wrong_formulas_get_a_hint(check, wrong, fragment):
+def test_wrong_formulas_get_a_hint(check, wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        check(wrong)
+        judged(sandbox, check, wrong)
 
 
-def test_a_zero1_step_without_all_gather_fails():
+def test_a_zero1_step_without_all_gather_fails(sandbox):
     with pytest.raises(checks.CheckFailed, match="after 3 AdamW steps"):
-        lab03.check_zero1_step(zero1_step_no_gather, world_sizes=(2,))
+        judged(sandbox, lab03.check_zero1_step, zero1_step_no_gather, world_sizes=(2,))
 
 
-def test_stubs_say_not_implemented():
+def test_stubs_say_not_implemented(sandbox):
     def stub(*args):
         raise NotImplementedError
 
@@ -108,4 +108,4 @@ def test_stubs_say_not_implemented():
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             check(stub)
     with pytest.raises(NotImplementedError, match="Exercise 3.4 is not implemented"):
-        lab03.check_zero1_step(stub, world_sizes=(2,))
+        judged(sandbox, lab03.check_zero1_step, stub, world_sizes=(2,))

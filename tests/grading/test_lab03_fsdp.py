@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib.collectives import collective_ops
 from course_lib.grading import checks, lab03_fsdp
 
@@ -151,21 +151,21 @@ def test_solutions_pass(capsys):
     (lab03_fsdp.check_prefetch_plan, units_to_prefetch_forward_only, "in backward the units run"),
     (lab03_fsdp.check_prefetch_plan, units_to_prefetch_farthest_first, "nearest unit computes"),
 ])
-def test_wrong_answers_in_process_get_a_hint(check, wrong, fragment):
+def test_wrong_answers_in_process_get_a_hint(check, wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        check(wrong)
+        judged(sandbox, check, wrong)
 
 
 @pytest.mark.parametrize("wrong,fragment", [
     (GatherShardsSummed, "3.00x the expected one"),
     (GatherShardsAllReduce, "all-reduced the whole gradient"),
 ])
-def test_wrong_gathers_are_caught_with_a_reason(wrong, fragment):
+def test_wrong_gathers_are_caught_with_a_reason(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab03_fsdp.check_gather_shards(wrong, world_sizes=(3,))
+        judged(sandbox, lab03_fsdp.check_gather_shards, wrong, world_sizes=(3,))
 
 
-def test_stubs_say_not_implemented():
+def test_stubs_say_not_implemented(sandbox):
     def stub(*args):
         raise NotImplementedError
 
@@ -180,4 +180,4 @@ def test_stubs_say_not_implemented():
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             check(fn)
     with pytest.raises(NotImplementedError, match="Exercise 3.6 is not implemented"):
-        lab03_fsdp.check_gather_shards(StubGather, world_sizes=(2,))
+        judged(sandbox, lab03_fsdp.check_gather_shards, StubGather, world_sizes=(2,))

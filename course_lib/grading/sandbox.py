@@ -1,0 +1,272 @@
+"""Where a submission's code runs when the gradebook grades it: a bubblewrap sandbox.
+
+:class:`Sandbox` starts :mod:`course_lib.grading.collector` (the student's side)
+inside Debian's ``bwrap`` with:
+
+- a filesystem of its own: the system's programs and libraries, Python, the
+  virtual environment and ``course_lib`` itself, all read-only; the rest of the
+  course (solutions, tests, git history), the other submissions and the
+  gradebook are not there at all; a private ``/tmp``; one writable folder, this
+  notebook's output folder;
+- new user, pid, network (loopback only: the ranks' gloo traffic), IPC and UTS
+  namespaces, a new session, and death with the grader;
+- limits on address space and file size (set by the collector before any student
+  code runs); the judge bounds time.
+
+Where ``bwrap`` is missing or cannot start (no user namespaces), the collector
+runs as a plain process and :attr:`Sandbox.sandboxed` is False: the gradebook
+flags every such row "unsandboxed". ``COURSE_LIB_SANDBOX=0`` asks for that on
+purpose, ``=1`` makes a missing sandbox an error.
+
+:meth:`Sandbox.ask` sends one message and waits, with a deadline, for its reply;
+:meth:`Sandbox.interrupt` stops what the collector is doing (SIGINT);
+:meth:`Sandbox.close` ends the collector and every process it started (found by
+a marker in their environment, as the launcher finds ranks) and says what had to
+be killed.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import cloudpickle
+import psutil
+
+from course_lib.grading.collector import HEADER, write_message
+
+RUN_MARKER = "COURSE_LIB_GRADING_RUN"
+MAX_REPLY = 1 << 31
+START_S = 120.0  # Python, torch and IPython importing on a busy machine
+
+
+class SandboxError(RuntimeError):
+    """The collector did not answer: ``.reason`` is "timeout" or "died"."""
+
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _setting():
+    return os.environ.get("COURSE_LIB_SANDBOX", "auto").strip().lower()
+
+
+@functools.lru_cache(maxsize=None)
+def bwrap_works():
+    """Whether ``bwrap`` is installed and can make its namespaces here (tried once)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    try:
+        done = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent",
+                               "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def sandbox_available():
+    """Whether submissions will run sandboxed (``COURSE_LIB_SANDBOX`` and ``bwrap``)."""
+    setting = _setting()
+    if setting in ("0", "off", "no", "false"):
+        return False
+    if bwrap_works():
+        return True
+    if setting in ("1", "on", "yes", "true"):
+        raise RuntimeError("COURSE_LIB_SANDBOX=1 but bwrap is missing or cannot create "
+                           "namespaces here (install Debian's bubblewrap)")
+    return False
+
+
+def _read_only_paths():
+    """What the collector needs to see: system files, Python, the environment, course_lib."""
+    import course_lib
+    import matplotlib
+
+    paths = {"/usr", "/etc", "/sys", "/opt", "/bin", "/lib", "/lib64", "/lib32", "/sbin",
+             sys.prefix, sys.base_prefix, sys.exec_prefix,
+             str(Path(course_lib.__file__).resolve().parent),
+             str(Path(matplotlib.__file__).resolve().parent.parent)}
+    return sorted(p for p in paths if os.path.lexists(p))
+
+
+def _bwrap_command(workdir, env):
+    command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all",
+               "--hostname", "localhost", "--uid", "65534", "--gid", "65534", "--clearenv"]
+    for path in _read_only_paths():
+        if os.path.islink(path) and path.count("/") == 1:  # /bin -> usr/bin on merged /usr
+            command += ["--symlink", os.readlink(path), path]
+        else:
+            command += ["--ro-bind", path, path]
+    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+                "--dir", "/tmp/mpl", "--dir", "/tmp/home"]
+    fonts = _font_cache()
+    if fonts is not None:  # without it matplotlib rebuilds its font list: seconds per notebook
+        command += ["--ro-bind", str(fonts), f"/tmp/mpl/{fonts.name}"]
+    command += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+    for name, value in env.items():
+        command += ["--setenv", name, value]
+    return command
+
+
+def _font_cache():
+    import matplotlib
+
+    found = sorted(Path(matplotlib.get_cachedir()).glob("fontlist-*.json"))
+    return found[-1] if found else None
+
+
+class Sandbox:
+    """The collector of one submission, in its sandbox; ``workdir`` is its writable folder."""
+
+    def __init__(self, workdir, full=False, extra_env=None, sandboxed=None):
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.token = uuid.uuid4().hex
+        self.sandboxed = sandbox_available() if sandboxed is None else sandboxed
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline" if full else "Agg",
+            "COURSE_LIB_COLLECTOR_LOG": str(self.workdir / "collector.log"),
+            "COURSE_LIB_COLLECTOR_FULL": "1" if full else "0", RUN_MARKER: self.token,
+            # several notebooks' ranks share the cores: no thread pool per rank
+            "OMP_NUM_THREADS": "1",
+        }
+        for name in ("COURSE_LIB_TEST_SESSION", "COURSE_LIB_SANDBOX_MEMORY_GB",
+                     "COURSE_LIB_WARM_MAX", "COURSE_LIB_WARM_IDLE_S", "COURSE_LIB_NCCL_RULES"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        env.update(extra_env or {})
+        if self.sandboxed:
+            env.update(HOME="/tmp/home", TMPDIR="/tmp", MPLCONFIGDIR="/tmp/mpl",
+                       IPYTHONDIR="/tmp/ipython", GLOO_SOCKET_IFNAME="lo")
+            command = _bwrap_command(self.workdir, env) + [
+                sys.executable, "-m", "course_lib.grading.collector"]
+            popen_env = None
+        else:
+            home = self.workdir / ".home"
+            home.mkdir(exist_ok=True)
+            env.update(HOME=str(home), IPYTHONDIR=str(home / "ipython"))
+            command = [sys.executable, "-m", "course_lib.grading.collector"]
+            popen_env = {**os.environ, **env}
+        self.stderr = open(self.workdir / "sandbox.err", "wb")
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, env=popen_env, cwd=self.workdir,
+                                     start_new_session=True)
+        self._out = self.proc.stdout.fileno()
+        try:
+            self._reply(time.monotonic() + START_S)
+        except SandboxError:
+            self.close()
+            raise
+
+    # ---- talking to the collector ---------------------------------------------------------
+    def ask(self, message, timeout):
+        """Send ``message`` (a dict) and return the collector's reply (a dict), or raise
+        :class:`SandboxError` when it does not come within ``timeout`` seconds."""
+        try:
+            # cloudpickle: a test hands over functions of its own, by value
+            write_message(self.proc.stdin.fileno(), cloudpickle.dumps(message))
+        except (BrokenPipeError, OSError):
+            raise SandboxError("the submission's process has ended", "died") from None
+        return self._reply(time.monotonic() + timeout)
+
+    def wait_reply(self, timeout):
+        """The reply to the message already sent (after :meth:`interrupt`)."""
+        return self._reply(time.monotonic() + timeout)
+
+    def _reply(self, deadline):
+        header = self._read(HEADER.size, deadline)
+        size = HEADER.unpack(header)[0]
+        if size > MAX_REPLY:
+            raise SandboxError(f"a reply of {size} bytes", "died")
+        body = self._read(size, deadline)
+        try:
+            reply = json.loads(body)
+        except ValueError:
+            raise SandboxError("the submission's process answered something unreadable",
+                               "died") from None
+        if not isinstance(reply, dict):
+            raise SandboxError("the submission's process answered something unreadable", "died")
+        return reply
+
+    def _read(self, size, deadline):
+        chunks, left = [], size
+        while left:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise SandboxError("no answer in time", "timeout")
+            ready, _, _ = select.select([self._out], [], [], min(wait, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self._out, min(left, 1 << 20))
+            if not chunk:
+                raise SandboxError("the submission's process has ended", "died")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    # ---- stopping it ------------------------------------------------------------------------
+    def interrupt(self):
+        """SIGINT to the collector (a cell or request that outlives its time)."""
+        for proc in self._processes():
+            try:
+                if "course_lib.grading.collector" in " ".join(proc.cmdline()):
+                    proc.send_signal(signal.SIGINT)
+            except psutil.Error:
+                continue
+
+    def _processes(self):
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get(RUN_MARKER) == self.token:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    def close(self, grace_s=10.0):
+        """End the collector and everything it started; returns what had to be killed."""
+        if self.proc.poll() is None:
+            try:
+                write_message(self.proc.stdin.fileno(), pickle.dumps({"op": "bye"}))
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        killed = []
+        deadline = time.monotonic() + 2.0
+        left = self._processes()
+        while left and time.monotonic() < deadline:  # ranks follow their launcher's exit
+            time.sleep(0.1)
+            left = self._processes()
+        for proc in left:
+            try:
+                killed.append(f"pid {proc.pid} ({' '.join(proc.cmdline()[:3])[:80]})")
+                proc.kill()
+            except psutil.Error:
+                continue
+        if self.proc.poll() is None:
+            self.proc.kill()
+        psutil.wait_procs(left, timeout=10)
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        return killed
