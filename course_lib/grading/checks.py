@@ -34,7 +34,6 @@ import os
 import re
 import sys
 import threading
-from contextlib import contextmanager
 
 import cloudpickle
 import torch
@@ -232,25 +231,6 @@ def answer_here(exercise, request):
     """Run ``request`` in this process (a notebook kernel) and read its answer."""
     kept = {}
     return interpret(exercise, request, execute(request, kept), kept)
-
-
-def in_process(exercise, *student):
-    """Compatibility for checks not yet written as generators (see :func:`check`)."""
-    return _in_process(exercise, *student)
-
-
-@contextmanager
-def _in_process(exercise, *student):
-    _record(exercise, "checking")
-    if student and any(is_stub(obj) for obj in student):
-        _record(exercise, "failed")
-        raise NotImplementedError(_not_implemented(exercise))
-    _refuse_references(exercise, student)
-    try:
-        yield
-    except NotImplementedError:
-        _record(exercise, "failed")
-        raise NotImplementedError(_not_implemented(exercise)) from None
 
 
 def launch(exercise, fn, *args, nproc, timeout=60.0, fresh=False, **kwargs):

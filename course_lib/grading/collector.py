@@ -80,10 +80,14 @@ class Collector:
         from IPython.core.interactiveshell import InteractiveShell
         from traitlets.config import Config
 
+        class Shell(InteractiveShell):
+            def enable_gui(self, gui=None):  # no event loop here: figures are inline PNGs
+                pass
+
         config = Config()
         config.HistoryManager.enabled = False
         config.InteractiveShell.colors = "nocolor"
-        self.shell = InteractiveShell.instance(config=config)
+        self.shell = Shell.instance(config=config)
         if full:  # figures as PNG outputs, as a kernel would show them
             self.shell.enable_matplotlib("inline")
 

@@ -43,7 +43,7 @@ import nbformat
 from course_lib.grading import integrity
 from course_lib.grading.book import DETAILS, FIXED, Book, Progress, exercise_key, merge  # noqa: F401
 from course_lib.grading.judge import judge_notebook
-from course_lib.grading.submissions import (InvalidNotebook, Lab, find_submissions, load_labs,
+from course_lib.grading.submissions import (InvalidNotebook, find_submissions, load_labs,
                                             prepare, read_notebook, recognise)
 
 

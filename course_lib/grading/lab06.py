@@ -5,8 +5,9 @@ arithmetic with :class:`~course_lib.mesh.ParallelDims` for many shapes, odd ones
 included, then builds the student's groups on 4 real ranks for three layouts
 and asserts each group's members and that a collective over it sums exactly
 those ranks. 6.2 (parameters per rank under each strategy) and 6.3 (choosing a
-mesh for a real run) are arithmetic, checked in the notebook's process against
-the library's formulas and a brute-force search.
+mesh for a real run) are arithmetic: the student's functions run in the
+student's process, and their answers are judged here against the library's
+formulas and a brute-force search.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.grading import checks
+from course_lib.grading.requests import call_each, here, on_ranks
 from course_lib.mesh import DIMS, ParallelDims
 from course_lib.models import GPTConfig
 
@@ -25,22 +27,8 @@ SHAPES = [(1, 1, 1), (1, 4, 1), (1, 1, 4), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 
 LAUNCHED = [(1, 2, 2), (2, 2, 1), (2, 1, 2)]  # on 4 ranks
 
 
-def _layout_hint():
-    return ("the layout puts tp fastest, then dp, then pp: rank = (pp_i * dp + dp_i) * tp + "
-            "tp_i; the group along a dim holds the ranks that share the other two "
-            "coordinates, ordered by the coordinate along that dim")
-
-
-# ---- 6.1: ranks to coordinates, and the groups ---------------------------------------------
-def _expect(ex, got, want, what):
-    if isinstance(got, list):
-        got = tuple(got)
-    if got != want:
-        raise checks.CheckFailed(f"{ex}: {what}: expected {want!r}, got {got!r}.\nHint: "
-                                 f"{_layout_hint()}.", exercise=ex)
-
-
-def _groups_job(build_groups, shapes):
+# ---- on the student's side ----------------------------------------------------------------
+def groups_job(build_groups, shapes):
     """On a rank: for each shape, the student's groups' members and the sum of the
     global ranks an all-reduce over each group gives."""
     out = []
@@ -54,25 +42,64 @@ def _groups_job(build_groups, shapes):
                 continue
             total = torch.tensor([float(dist.get_rank())])
             dist.all_reduce(total, group=group)
-            found[name] = (dist.get_process_group_ranks(group), int(total.item()))
+            found[name] = (list(dist.get_process_group_ranks(group)), int(total.item()))
         out.append(found)
     return out
 
 
+def meshes(choose_mesh, cases):
+    """``choose_mesh(...)`` for each case, its value tagged: a Mesh as ("M", dp, tp, pp),
+    other plain data as ("P", value), anything else as ("S", its repr)."""
+    from course_lib.grading import plain
+    from course_lib.hybrid.plan import Mesh
+
+    answers = call_each(choose_mesh, [(case, {}) for case in cases])
+    for answer in answers:
+        if "value" in answer:
+            got = answer["value"]
+            tagged = ("M", got.dp, got.tp, got.pp) if isinstance(got, Mesh) else ("P", got)
+            try:
+                plain.encode(tagged)
+            except plain.NotPlain:
+                tagged = ("S", repr(got)[:300])
+            answer["value"] = tagged
+    return answers
+
+
+# ---- 6.1: ranks to coordinates, and the groups ---------------------------------------------
+def _layout_hint():
+    return ("the layout puts tp fastest, then dp, then pp: rank = (pp_i * dp + dp_i) * tp + "
+            "tp_i; the group along a dim holds the ranks that share the other two "
+            "coordinates, ordered by the coordinate along that dim")
+
+
+def _expect(ex, answer, want, what):
+    if "raised" in answer:
+        raise checks.CheckFailed(f"{ex}: {what} raised {answer['raised']}: {answer['message']}",
+                                 exercise=ex)
+    got = answer["value"]
+    if isinstance(got, list):
+        got = tuple(got)
+    if got != want:
+        raise checks.CheckFailed(f"{ex}: {what}: expected {want!r}, got {got!r}.\nHint: "
+                                 f"{_layout_hint()}.", exercise=ex)
+
+
+@checks.check(EX_COORDS)
 def check_mesh_groups(coords_of, group_ranks, build_groups):
     ex = EX_COORDS
-    with checks.in_process(ex, coords_of, group_ranks, build_groups):
-        for pp, dp, tp in SHAPES:
-            dims = ParallelDims(pp=pp, dp=dp, tp=tp)
-            shape = f"pp={pp}, dp={dp}, tp={tp}"
-            for rank in range(dims.world_size):
-                _expect(ex, coords_of(rank, pp, dp, tp), tuple(dims.coords_of(rank)),
-                        f"coords_of({rank}) with {shape}")
-                for name in DIMS:
-                    _expect(ex, group_ranks(name, rank, pp, dp, tp),
-                            tuple(dims.group_ranks(name, rank)),
-                            f"group_ranks({name!r}, {rank}) with {shape}")
-    outs = checks.launch(ex, _groups_job, build_groups, LAUNCHED, nproc=4)
+    ranks = [(shape, rank) for shape in SHAPES for rank in range(shape[0] * shape[1] * shape[2])]
+    coords = yield here(call_each, coords_of, [((rank, *shape), {}) for shape, rank in ranks])
+    groups = yield here(call_each, group_ranks, [((name, rank, *shape), {})
+                                                 for shape, rank in ranks for name in DIMS])
+    for i, ((pp, dp, tp), rank) in enumerate(ranks):
+        dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+        shape = f"pp={pp}, dp={dp}, tp={tp}"
+        _expect(ex, coords[i], tuple(dims.coords_of(rank)), f"coords_of({rank}) with {shape}")
+        for j, name in enumerate(DIMS):
+            _expect(ex, groups[i * len(DIMS) + j], tuple(dims.group_ranks(name, rank)),
+                    f"group_ranks({name!r}, {rank}) with {shape}")
+    outs = yield on_ranks(groups_job, build_groups, LAUNCHED, nproc=4)
     for rank, per_shape in enumerate(outs):
         for (pp, dp, tp), found in zip(LAUNCHED, per_shape):
             dims = ParallelDims(pp=pp, dp=dp, tp=tp)
@@ -95,8 +122,8 @@ def check_mesh_groups(coords_of, group_ranks, build_groups):
                     raise checks.CheckFailed(
                         f"{ex}: {where}: an all-reduce of the global ranks over it gave "
                         f"{total}, expected {sum(want)} (the sum over {want}).", exercise=ex)
-    checks.passed(ex, f"{len(SHAPES)} shapes by arithmetic, 3 layouts of 4 real ranks: "
-                      f"members and an all-reduce over each group")
+    return (f"{len(SHAPES)} shapes by arithmetic, 3 layouts of 4 real ranks: members and an "
+            f"all-reduce over each group")
 
 
 # ---- 6.2: parameters per rank ----------------------------------------------------------
@@ -124,19 +151,22 @@ PARAM_HINTS = {
 }
 
 
+@checks.check(EX_PARAMS)
 def check_params_per_rank(params_per_rank):
     from course_lib.hybrid.table import params_per_rank as expected
 
     ex = EX_PARAMS
-    with checks.in_process(ex, params_per_rank):
-        for name, cfg, dp, inner in PARAM_CASES:
-            want = expected(name, cfg, dp, inner)
-            got = params_per_rank(name, cfg, dp, inner)
-            if got != want:
-                raise checks.CheckFailed(
-                    f"{ex}: params_per_rank({name!r}, {cfg}, dp={dp}, inner={inner}) = {got!r}, "
-                    f"expected {want}.\nHint: {PARAM_HINTS[name]}.", exercise=ex)
-    checks.passed(ex, f"{len(PARAM_CASES)} cases of the four strategies, uneven splits included")
+    answers = yield here(call_each, params_per_rank, [(case, {}) for case in PARAM_CASES])
+    for (name, cfg, dp, inner), answer in zip(PARAM_CASES, answers):
+        call = f"params_per_rank({name!r}, {cfg}, dp={dp}, inner={inner})"
+        if "raised" in answer:
+            raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: "
+                                     f"{answer['message']}", exercise=ex)
+        want, got = expected(name, cfg, dp, inner), answer["value"]
+        if got != want:
+            raise checks.CheckFailed(f"{ex}: {call} = {got!r}, expected {want}.\nHint: "
+                                     f"{PARAM_HINTS[name]}.", exercise=ex)
+    return f"{len(PARAM_CASES)} cases of the four strategies, uneven splits included"
 
 
 # ---- 6.3: choosing a mesh for a real run ------------------------------------------------
@@ -158,7 +188,18 @@ def plan_cases():
             ("OLMo 70B", 8, work, plan.A100_40GB)], OLMO
 
 
+class _Shown:
+    """What the student's function returned, where it was not plain data: its repr."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
 def _mesh_of(got):
+    """The Mesh an answer names (a Mesh, or a (dp, tp, pp) tuple of ints), else None."""
     from course_lib.hybrid.plan import Mesh
 
     if isinstance(got, Mesh):
@@ -168,59 +209,61 @@ def _mesh_of(got):
     return None
 
 
+@checks.check(EX_PLAN)
 def check_choose_mesh(choose_mesh):
     from course_lib.hybrid import plan
 
     ex = EX_PLAN
     cases, models = plan_cases()
-    with checks.in_process(ex, choose_mesh):
-        for name, n, work, gpu in cases:
-            shape = models[name]
-            call = f"choose_mesh({name}, {n} x {gpu.name}, {work})"
-            try:
-                want, best = plan.best_mesh(shape, n, work, gpu)
-            except ValueError as exc:
-                try:
-                    got = choose_mesh(shape, n, work, gpu)
-                except ValueError:
-                    continue
-                raise checks.CheckFailed(
-                    f"{ex}: {call} returned {got!r}, but no mesh fits ({exc}).\nHint: raise "
-                    f"ValueError when no valid mesh fits in memory.", exercise=ex) from None
-            try:
-                got = choose_mesh(shape, n, work, gpu)
-            except ValueError as exc:
-                raise checks.CheckFailed(
-                    f"{ex}: {call} raised ValueError ({exc}), but {want} fits.\nHint: skip the "
-                    f"meshes that cannot run (plan.step_time raises on a batch that does not "
-                    f"split) and those that do not fit; raise only when none is left.",
-                    exercise=ex) from None
-            mesh = _mesh_of(got)
-            if mesh is None:
-                raise checks.CheckFailed(f"{ex}: {call} returned {got!r}; return a plan.Mesh "
-                                         f"(or a (dp, tp, pp) tuple).", exercise=ex)
-            valid = plan.valid_meshes(shape, n, work, gpu.gpus_per_node)
-            if mesh not in valid:
-                raise checks.CheckFailed(
-                    f"{ex}: {call} chose {mesh}, which cannot run: dp*tp*pp must be {n}, tp "
-                    f"must divide the {shape.heads} heads and the {gpu.gpus_per_node} GPUs of "
-                    f"a node, pp at most the {shape.layers} layers, and the "
-                    f"global batch of {work.global_batch} must split into dp replicas of "
-                    f"microbatches of {work.micro_batch}.", exercise=ex)
-            if not plan.fits(shape, mesh, work, gpu):
-                need = plan.memory_per_gpu(shape, mesh, work)["total"] / 1e9
-                raise checks.CheckFailed(
-                    f"{ex}: {call} chose {mesh}, which needs {need:.1f} GB per GPU: more than "
-                    f"plan.fits allows on {gpu.memory_gb:g} GB.\nHint: only meshes that fit "
-                    f"can be chosen.", exercise=ex)
-            mine = plan.step_time(shape, mesh, work, gpu)["total"]
-            if mine > best["total"] * (1 + 1e-9):
-                raise checks.CheckFailed(
-                    f"{ex}: {call} chose {mesh}: {mine:.3f} s per step, but {want} fits and "
-                    f"takes {best['total']:.3f} s.\nHint: compare every valid mesh that fits, "
-                    f"by plan.step_time(...)['total'].", exercise=ex)
-    checks.passed(ex, f"{len(cases)} runs of OLMo 1B/7B/70B on A100s and H100s, against a "
-                      f"brute-force search")
+    answers = yield here(meshes, choose_mesh, [(models[name], n, work, gpu)
+                                               for name, n, work, gpu in cases])
+    for (name, n, work, gpu), answer in zip(cases, answers):
+        shape = models[name]
+        call = f"choose_mesh({name}, {n} x {gpu.name}, {work})"
+        tag, *value = answer.get("value", ("P", None))
+        got = plan.Mesh(*value) if tag == "M" else _Shown(value[0]) if tag == "S" else value[0]
+        if "raised" in answer and answer["raised"] != "ValueError":
+            raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: "
+                                     f"{answer['message']}", exercise=ex)
+        try:
+            want, best = plan.best_mesh(shape, n, work, gpu)
+        except ValueError as exc:
+            if "raised" in answer:
+                continue
+            raise checks.CheckFailed(
+                f"{ex}: {call} returned {got!r}, but no mesh fits ({exc}).\nHint: raise "
+                f"ValueError when no valid mesh fits in memory.", exercise=ex) from None
+        if "raised" in answer:
+            raise checks.CheckFailed(
+                f"{ex}: {call} raised ValueError ({answer['message']}), but {want} fits.\nHint: "
+                f"skip the meshes that cannot run (plan.step_time raises on a batch that does "
+                f"not split) and those that do not fit; raise only when none is left.",
+                exercise=ex)
+        mesh = _mesh_of(got)
+        if mesh is None:
+            raise checks.CheckFailed(f"{ex}: {call} returned {got!r}; return a plan.Mesh "
+                                     f"(or a (dp, tp, pp) tuple).", exercise=ex)
+        valid = plan.valid_meshes(shape, n, work, gpu.gpus_per_node)
+        if mesh not in valid:
+            raise checks.CheckFailed(
+                f"{ex}: {call} chose {mesh}, which cannot run: dp*tp*pp must be {n}, tp "
+                f"must divide the {shape.heads} heads and the {gpu.gpus_per_node} GPUs of "
+                f"a node, pp at most the {shape.layers} layers, and the "
+                f"global batch of {work.global_batch} must split into dp replicas of "
+                f"microbatches of {work.micro_batch}.", exercise=ex)
+        if not plan.fits(shape, mesh, work, gpu):
+            need = plan.memory_per_gpu(shape, mesh, work)["total"] / 1e9
+            raise checks.CheckFailed(
+                f"{ex}: {call} chose {mesh}, which needs {need:.1f} GB per GPU: more than "
+                f"plan.fits allows on {gpu.memory_gb:g} GB.\nHint: only meshes that fit "
+                f"can be chosen.", exercise=ex)
+        mine = plan.step_time(shape, mesh, work, gpu)["total"]
+        if mine > best["total"] * (1 + 1e-9):
+            raise checks.CheckFailed(
+                f"{ex}: {call} chose {mesh}: {mine:.3f} s per step, but {want} fits and "
+                f"takes {best['total']:.3f} s.\nHint: compare every valid mesh that fits, "
+                f"by plan.step_time(...)['total'].", exercise=ex)
+    return f"{len(cases)} runs of OLMo 1B/7B/70B on A100s and H100s, against a brute-force search"
 
 
 __all__ = ["check_mesh_groups", "check_params_per_rank", "check_choose_mesh", "SHAPES",

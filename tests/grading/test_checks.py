@@ -6,6 +6,7 @@ import torch.distributed as dist
 from conftest import ship_by_value
 from course_lib import run
 from course_lib.grading import checks
+from course_lib.runtime import launcher
 from course_lib.runtime.launcher import LaunchError, LaunchTimeout
 
 ship_by_value(__name__)
@@ -178,12 +179,12 @@ def fake_run(outcome):
 def test_launch_records_stubs_timeouts_and_checks_that_never_finished(monkeypatch, capsys):
     stub_error = LaunchError("rank 0 failed", ranks=[0], errors=[
         {"rank": 0, "type": "NotImplementedError", "message": "", "traceback": "", "time": 0}])
-    monkeypatch.setattr(checks, "run", fake_run(stub_error))
+    monkeypatch.setattr(launcher, "run", fake_run(stub_error))
     with pytest.raises(NotImplementedError):
         checks.launch("Exercise 1.4", print, nproc=2)
     assert checks.outcome("1.4") == "failed" and not checks.ready("Exercise 1.4")
 
-    monkeypatch.setattr(checks, "run", fake_run(LaunchTimeout("stopped", stacks={})))
+    monkeypatch.setattr(launcher, "run", fake_run(LaunchTimeout("stopped", stacks={})))
     with pytest.raises(checks.CheckFailed,
                        match="(?s)did not finish in 60s.*Hint: no rank answered with its stack"):
         checks.launch("Exercise 1.5", print, nproc=2)
@@ -191,7 +192,7 @@ def test_launch_records_stubs_timeouts_and_checks_that_never_finished(monkeypatc
 
     # the ranks ran, then the check itself raised something else (the student's function
     # returned None where the grader unpacks a pair): the check did not pass
-    monkeypatch.setattr(checks, "run", fake_run([None, None]))
+    monkeypatch.setattr(launcher, "run", fake_run([None, None]))
     assert checks.launch("Exercise 1.6", print, nproc=2) == [None, None]
     assert checks.outcome("Exercise 1.6") == "checking"
     capsys.readouterr()

@@ -6,14 +6,13 @@ import hashlib
 import os
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_lib.grading import gradebook as grade
 from course_lib.grading.sandbox import RUN_MARKER, bwrap_works
-from mini_lab import CELL, SHARD_BOUNDS, TOKEN_RING, edited, mini_solution, put, write_course
+from mini_lab import SHARD_BOUNDS, TOKEN_RING, edited, mini_solution, put, write_course
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT, CELL_TIMEOUT = 150, 25

@@ -1,7 +1,5 @@
-"""Reference detection, the static scan of a submission's cells, and the kernel guard."""
-import subprocess
-import sys
-import textwrap
+"""Reference detection (live objects, in the kernel and the sandbox) and the static scan of a
+submission's cells for the flags."""
 from pathlib import Path
 
 import nbformat
@@ -9,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib import comm
 from course_lib.collectives import p2p
 from course_lib.grading import checks, integrity, references
@@ -99,7 +97,9 @@ def test_autograd_functions_own_and_the_reference():
         "Copied.backward has the code of course_lib.fsdp.unit.GatherShards"]
 
 
-def test_launch_refuses_the_reference_before_starting_a_job():
+def test_a_check_refuses_the_reference_before_starting_a_job():
+    from course_lib.grading import lab00
+
     checks.guard_references(True)
     try:
         with pytest.raises(checks.CheckFailed, match="course_lib's own implementation") as info:
@@ -107,9 +107,7 @@ def test_launch_refuses_the_reference_before_starting_a_job():
         assert "calls_the_reference uses course_lib.collectives.p2p.ring_shift" in str(info.value)
         assert checks.outcome("Exercise 0.3") == "failed"
         with pytest.raises(checks.CheckFailed, match="own implementation"):
-            with checks.in_process("Exercise 3.8", references.resolve(
-                    "course_lib.fsdp.fsdp:prefetch_targets")):
-                pass
+            lab00.check_ring_shift(through_a_helper)
         # the student's own code goes through, on real ranks
         out = checks.launch("Exercise 0.3", my_ring_shift, torch.arange(4.0), nproc=2)
         assert [t.tolist() for t in out] == [[0, 1, 2, 3]] * 2
@@ -117,15 +115,23 @@ def test_launch_refuses_the_reference_before_starting_a_job():
         checks.guard_references(None)
 
 
-def test_outside_a_kernel_the_guard_is_off_unless_asked_for(monkeypatch):
+def test_outside_a_kernel_the_guard_is_off_unless_asked_for(monkeypatch, capsys):
+    from course_lib.grading import lab03_fsdp
+
+    prefetch = references.resolve("course_lib.fsdp.fsdp:prefetch_targets")
     monkeypatch.delenv("COURSE_LIB_REFERENCE_GUARD", raising=False)
-    with checks.in_process("Exercise 3.8", references.resolve("course_lib.fsdp.fsdp:prefetch_targets")):
-        pass  # the library's tests hand the references to the checks as known-good answers
+    lab03_fsdp.check_prefetch_plan(prefetch, trials=5)  # the library's tests hand the references
+    assert "✓ Exercise 3.8 passed" in capsys.readouterr().out  # to the checks as known-good
     monkeypatch.setenv("COURSE_LIB_REFERENCE_GUARD", "1")
-    with pytest.raises(checks.CheckFailed):
-        with checks.in_process("Exercise 3.8", references.resolve(
-                "course_lib.fsdp.fsdp:prefetch_targets")):
-            pass
+    with pytest.raises(checks.CheckFailed, match="own implementation"):
+        lab03_fsdp.check_prefetch_plan(prefetch, trials=5)
+
+
+def test_the_judge_refuses_the_reference_whatever_the_kernel_s_setting(sandbox):
+    from course_lib.grading import lab00
+
+    with pytest.raises(checks.CheckFailed, match="through_a_helper -> calls_the_reference uses"):
+        judged(sandbox, lab00.check_ring_shift, through_a_helper)
 
 
 # ---- the static scan ---------------------------------------------------------------------------
@@ -151,7 +157,9 @@ def test_the_lab_itself_is_never_flagged():
 @pytest.mark.parametrize("source,flag", [
     ("import course_lib.collectives.p2p as p", "imports course_lib.collectives.p2p (a module holding"),
     ("from course_lib.collectives import p2p", "imports p2p from course_lib.collectives"),
-    ("from course_lib.grading import guard", "imports guard from course_lib.grading (the grader's"),
+    ("from course_lib.grading import judge", "imports judge from course_lib.grading (the grader's"),
+    ("exec(open('x.py').read())", "builds code or names at run time (exec)"),
+    ("getattr(p2p, 'ring' + '_shift')", "builds code or names at run time (getattr)"),
     ("checks.expect_close = lambda *a, **k: None", "assigns to course_lib.grading.checks.expect_close"),
     ("lab00.check_ring_shift = print", "assigns to course_lib.grading.lab00.check_ring_shift"),
     ("torch.testing.assert_close = None", "assigns to torch.testing.assert_close"),
@@ -173,40 +181,3 @@ def test_tampering_is_flagged(source, flag):
 def test_harmless_code_is_not_flagged():
     assert scan("x = torch.zeros(3)\nx.add_(1)\nmodel.weight = None\nimport numpy as np",
                 "def f():\n    return dist.get_rank()", "%timeit f()", "os.environ['A'] = '1'") == []
-
-
-# ---- the kernel guard, in a process of its own (it reloads the checks) ----------------------------
-def test_guard_undoes_patches_and_reloads_the_checks():
-    script = textwrap.dedent('''
-        import json, torch
-        from course_lib.grading import guard, checks, lab00
-        guard.install(["course_lib.grading.lab00"])
-        checks.expect_close = lambda *a, **k: None
-        lab00.check_ring_shift.__code__ = (lambda *a, **k: None).__code__
-        torch.testing.assert_close = lambda *a, **k: None
-        torch.Tensor.__eq__ = lambda a, b: True
-        checks._record("Exercise 0.1", "failed")
-        guard.before_check("Exercise 0.3", {"checks": "course_lib.grading.checks"})
-        assert checks.expect_close.__name__ == "expect_close"
-        assert lab00.check_ring_shift.__code__.co_name == "check_ring_shift"
-        assert torch.testing.assert_close.__module__.startswith("torch.testing")
-        assert not bool((torch.tensor([1]) == torch.tensor([2])).all())
-        assert checks.outcome("Exercise 0.1") == "failed"  # ready() still knows the past
-        guard.after_check("Exercise 0.3")
-        checks.expect_equal = None
-        guard.after_check("Exercise 0.3")
-    ''')
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    events = [line for line in done.stdout.splitlines() if line.startswith("COURSE_LIB_GUARD ")]
-    import json
-
-    install, before, clean, dirty = [json.loads(e.split(" ", 1)[1]) for e in events]
-    assert install["event"] == "install" and install["protected"] > 100
-    assert sorted(before["changes"]) == [
-        "course_lib.grading.checks.expect_close was replaced",
-        "course_lib.grading.lab00.check_ring_shift had its code or defaults changed",
-        "torch.Tensor.__eq__ was set", "torch.testing.assert_close was replaced"]
-    assert clean["changes"] == []
-    assert dirty["changes"] == ["course_lib.grading.checks.expect_equal was replaced"]

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib.grading import checks, lab04
 from course_lib.pipeline import Action
 
@@ -101,9 +101,9 @@ def test_schedule_solutions_pass(capsys):
     (lab04.check_one_f_one_b, one_f_one_b_that_is_gpipe,
      ["stage 0 holds up to 2 microbatches' activations; 1F1B holds min\\(m, p-s\\) = 1"]),
 ])
-def test_wrong_schedules_are_named(check, wrong, fragments):
+def test_wrong_schedules_are_named(check, wrong, fragments, sandbox):
     with pytest.raises(checks.CheckFailed) as info:
-        check(wrong)
+        judged(sandbox, check, wrong)
     for fragment in fragments:
         assert re.search(fragment, str(info.value)), (fragment, str(info.value))
 
@@ -155,9 +155,9 @@ def test_stage_step_solution_passes(capsys):
     (forward_step, backward_step_keeps_activations, "still holds the activations of "
                                                     "microbatches"),
 ])
-def test_wrong_stage_steps_fail_with_a_hint(fwd, bwd, fragment):
+def test_wrong_stage_steps_fail_with_a_hint(fwd, bwd, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab04.check_stage_steps(fwd, bwd, world_sizes=(2,))
+        judged(sandbox, lab04.check_stage_steps, fwd, bwd, world_sizes=(2,))
 
 
 # ---- 4.4: the partitioner ---------------------------------------------------------------------
@@ -213,12 +213,12 @@ def test_partition_solution_passes(capsys):
     (partition_by_count, "a better cut is"),
     (partition_tuples, "expected a range\\(start, end\\)"),
 ])
-def test_wrong_partitions_fail(wrong, fragment):
+def test_wrong_partitions_fail(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab04.check_partition(wrong)
+        judged(sandbox, lab04.check_partition, wrong)
 
 
-def test_stubs_say_not_implemented():
+def test_stubs_say_not_implemented(sandbox):
     def stub(*args):
         raise NotImplementedError
 
@@ -227,4 +227,4 @@ def test_stubs_say_not_implemented():
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             check(stub)
     with pytest.raises(NotImplementedError, match="Exercise 4.3 is not implemented"):
-        lab04.check_stage_steps(stub, stub, world_sizes=(2,))
+        judged(sandbox, lab04.check_stage_steps, stub, stub, world_sizes=(2,))

@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed import all_reduce as imported_all_reduce
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib.grading import checks, lab05
 
 ship_by_value(__name__)
@@ -246,9 +246,9 @@ def test_solutions_pass(capsys):
     (column_parallel_matmul, row_parallel_by_batch, "that is data parallelism"),
     (column_parallel_by_rows, row_parallel_matmul, "a column split gives GPU i the columns"),
 ])
-def test_wrong_splits_by_hand_get_a_hint(column, row, fragment):
+def test_wrong_splits_by_hand_get_a_hint(column, row, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab05.check_split_matmul(column, row)
+        judged(sandbox, lab05.check_split_matmul, column, row)
 
 
 @pytest.mark.parametrize("f,g,fragment", [
@@ -262,9 +262,9 @@ def test_wrong_splits_by_hand_get_a_hint(column, row, fragment):
     (CopyToTP, ReduceImported, "the check counts calls to dist.all_reduce; call it as "
                                "dist.all_reduce"),
 ])
-def test_wrong_f_and_g_are_named(f, g, fragment):
+def test_wrong_f_and_g_are_named(f, g, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab05.check_f_and_g(f, g, world_sizes=(3,))
+        judged(sandbox, lab05.check_f_and_g, f, g, world_sizes=(3,))
 
 
 @pytest.mark.parametrize("mlp,fragment", [
@@ -276,18 +276,18 @@ def test_wrong_f_and_g_are_named(f, g, fragment):
     (BiasNotAParameter, "missing parameter\\(s\\) b2 \\(the second layer's bias\\)"),
     (ImportedAllReduce, "the check counts calls to dist.all_reduce; call it as dist.all_reduce"),
 ])
-def test_wrong_parallel_mlps_are_named(mlp, fragment):
+def test_wrong_parallel_mlps_are_named(mlp, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab05.check_parallel_mlp(mlp, world_sizes=(2,))
+        judged(sandbox, lab05.check_parallel_mlp, mlp, world_sizes=(2,))
 
 
 @pytest.mark.parametrize("shard,fragment", [
     (shard_qkv_contiguous, "is a contiguous 1/2 of the fused weight"),
     (shard_qkv_no_check, "expected a ValueError"),
 ])
-def test_wrong_qkv_slices_are_named(shard, fragment):
+def test_wrong_qkv_slices_are_named(shard, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab05.check_shard_qkv(shard, world_sizes=(2,))
+        judged(sandbox, lab05.check_shard_qkv, shard, world_sizes=(2,))
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -296,9 +296,9 @@ def test_wrong_qkv_slices_are_named(shard, fragment):
     (layer_volume_no_weight_traffic, "sharded over gz"),
     (layer_volume_gathers_twice, "kept from forward to backward"),
 ])
-def test_wrong_volumes_get_a_hint(wrong, fragment):
+def test_wrong_volumes_get_a_hint(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):
-        lab05.check_layer_volume(wrong)
+        judged(sandbox, lab05.check_layer_volume, wrong)
 
 
 def test_stubs_say_not_implemented():

@@ -3,7 +3,7 @@ that says what is wrong, and refuse the library's own planner."""
 import pytest
 import torch.distributed as dist
 
-from conftest import ship_by_value
+from conftest import judged, ship_by_value
 from course_lib.grading import checks, lab06
 from course_lib.hybrid import plan
 from course_lib.pipeline import gpt_piece_costs, partition
@@ -61,16 +61,16 @@ def groups_without_tp(pp, dp, tp):
     return groups
 
 
-def test_coordinates_and_groups_pass_and_their_mistakes_fail():
+def test_coordinates_and_groups_pass_and_their_mistakes_fail(sandbox):
     lab06.check_mesh_groups(coords_of, group_ranks, build_groups)
     with pytest.raises(checks.CheckFailed, match=r"coords_of\(1\) with pp=1, dp=2, tp=2"):
-        lab06.check_mesh_groups(coords_dp_fastest, group_ranks, build_groups)
+        judged(sandbox, lab06.check_mesh_groups, coords_dp_fastest, group_ranks, build_groups)
     with pytest.raises(checks.CheckFailed, match=r"group_ranks\('dp', 0\) with pp=1, dp=4"):
-        lab06.check_mesh_groups(coords_of, group_ranks_reversed, build_groups)
+        judged(sandbox, lab06.check_mesh_groups, coords_of, group_ranks_reversed, build_groups)
     with pytest.raises(checks.CheckFailed, match=r"the pp group holds ranks \[0, 2\], expected"):
-        lab06.check_mesh_groups(coords_of, group_ranks, groups_swapped)
+        judged(sandbox, lab06.check_mesh_groups, coords_of, group_ranks, groups_swapped)
     with pytest.raises(checks.CheckFailed, match="returned no group for 'tp'"):
-        lab06.check_mesh_groups(coords_of, group_ranks, groups_without_tp)
+        judged(sandbox, lab06.check_mesh_groups, coords_of, group_ranks, groups_without_tp)
 
 
 # ---- 6.2 -------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def params_per_rank(name, cfg, dp, inner, split_norms=False, pad=True, even=Fals
     return sum((max(-(-u // inner), 1) if pad else u // inner) for u in units)
 
 
-def test_parameters_per_rank_pass_and_their_mistakes_fail():
+def test_parameters_per_rank_pass_and_their_mistakes_fail(sandbox):
     lab06.check_params_per_rank(params_per_rank)
     wrong = {
         "the row layers' biases": lambda *a: params_per_rank(*a, split_norms=True),
@@ -107,7 +107,7 @@ def test_parameters_per_rank_pass_and_their_mistakes_fail():
     }
     for hint, fn in wrong.items():
         with pytest.raises(checks.CheckFailed, match=hint):
-            lab06.check_params_per_rank(fn)
+            judged(sandbox, lab06.check_params_per_rank, fn)
 
 
 # ---- 6.3 -------------------------------------------------------------------------------
@@ -145,24 +145,24 @@ def by_the_library(shape, n, work, gpu):
     return plan.best_mesh(shape, n, work, gpu)[0]
 
 
-def test_choosing_a_mesh_passes_and_its_mistakes_fail():
+def test_choosing_a_mesh_passes_and_its_mistakes_fail(sandbox):
     lab06.check_choose_mesh(choose_mesh)
     with pytest.raises(checks.CheckFailed, match="GB per GPU: more than plan.fits allows"):
-        lab06.check_choose_mesh(lambda *a: choose_mesh(*a, check_fit=False))
+        judged(sandbox, lab06.check_choose_mesh, lambda *a: choose_mesh(*a, check_fit=False))
     with pytest.raises(checks.CheckFailed, match="raised ValueError .*does not split"):
-        lab06.check_choose_mesh(lambda *a: choose_mesh(*a, check_batch=False))
+        judged(sandbox, lab06.check_choose_mesh, lambda *a: choose_mesh(*a, check_batch=False))
     with pytest.raises(checks.CheckFailed, match="cannot run: dp\\*tp\\*pp must be 8, tp must"):
-        lab06.check_choose_mesh(lambda shape, n, *a: plan.Mesh(tp=n))
+        judged(sandbox, lab06.check_choose_mesh, lambda shape, n, *a: plan.Mesh(tp=n))
     with pytest.raises(checks.CheckFailed, match="but dp=.* fits and takes"):
-        lab06.check_choose_mesh(lambda *a: choose_mesh(*a, slowest=True))
+        judged(sandbox, lab06.check_choose_mesh, lambda *a: choose_mesh(*a, slowest=True))
     with pytest.raises(checks.CheckFailed, match="no mesh fits"):
-        lab06.check_choose_mesh(never_gives_up)
+        judged(sandbox, lab06.check_choose_mesh, never_gives_up)
     # tensor parallelism across nodes makes 70B fit on 64 A100s: but it cannot run
     with pytest.raises(checks.CheckFailed, match=r"64 x A100 40GB.*returned .*tp=8"):
-        lab06.check_choose_mesh(lambda *a: choose_mesh(*a, inside_node=False))
+        judged(sandbox, lab06.check_choose_mesh, lambda *a: choose_mesh(*a, inside_node=False))
 
 
-def test_the_librarys_planner_is_refused(monkeypatch):
+def test_the_librarys_planner_is_refused(monkeypatch, sandbox):
     monkeypatch.setenv("COURSE_LIB_REFERENCE_GUARD", "1")
     with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
-        lab06.check_choose_mesh(by_the_library)
+        judged(sandbox, lab06.check_choose_mesh, by_the_library)
