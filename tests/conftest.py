@@ -1,8 +1,10 @@
 """Shared fixtures: every launcher test must leave no process of any job behind."""
 import os
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import cloudpickle
 import psutil
@@ -60,11 +62,26 @@ def settled(find, limit_s):
     return left
 
 
+JOB_FOLDERS = set(Path(tempfile.gettempdir()).glob("course-job-*"))  # other sessions' leftovers
+
+
+def stray_folders():
+    """Job folders (``course-job-*`` in the temp folder) that no live job of this test
+    process owns: a job's folder goes when its job ends, whatever ended it."""
+    from course_lib.runtime import warm
+
+    live = {job.job.dir for job in warm._jobs.values()}
+    return sorted(set(Path(tempfile.gettempdir()).glob("course-job-*")) - JOB_FOLDERS - live)
+
+
 @pytest.fixture(autouse=True)
 def no_orphans():
     yield
     left = settled(stray_processes, 10)
     assert not left, f"processes left running after the test: {[(p.pid, p.cmdline()) for p in left]}"
+    folders = settled(stray_folders, 10)
+    JOB_FOLDERS.update(folders)  # reported once
+    assert not folders, f"job folders left behind by the test: {folders}"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,6 +92,8 @@ def nothing_left_at_the_end():
     shutdown()
     left = settled(job_processes, 20)
     assert not left, f"processes left after shutdown(): {[(p.pid, p.cmdline()) for p in left]}"
+    folders = settled(stray_folders, 10)
+    assert not folders, f"job folders left after shutdown(): {folders}"
 
 
 SANDBOXES = set()  # tokens of the session's shared sandboxes

@@ -71,8 +71,12 @@ class Baseline:
             _numpy_random().set_state(self.numpy_rng)
         random.setstate(self.python_rng)
         torch.set_grad_enabled(True)
-        torch.use_deterministic_algorithms(self.deterministic,
-                                           warn_only=self.deterministic_warn_only)
+        if (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) != \
+                (self.deterministic, self.deterministic_warn_only):
+            # only when a call changed it: its first call imports seconds of torch
+            torch.use_deterministic_algorithms(self.deterministic,
+                                               warn_only=self.deterministic_warn_only)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self.cudnn
         torch.set_num_threads(self.threads)
         sys.argv[:] = self.argv

@@ -18,7 +18,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +49,7 @@ class Job:
 
     def __init__(self, nproc, backend, spec, extra_env=None):
         self.nproc, self.backend, self.id = nproc, backend, uuid.uuid4().hex
+        procs.sweep_folders()  # what killed kernels left
         self.dir = Path(tempfile.mkdtemp(prefix="course-job-"))
         (self.dir / "spec.json").write_text(json.dumps({**spec, "backend": backend,
                                                          "nproc": nproc,
@@ -57,16 +57,19 @@ class Job:
         self.log = []  # torchrun's own lines (not a rank's): shown when something fails
         self._lines = queue.Queue()
         self.proc = subprocess.Popen(
-            self._command(), env=self._env(extra_env or {}), stdout=subprocess.PIPE,
+            self._command(spec), env=self._env(extra_env or {}), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             text=True, bufsize=1, errors="replace")
         threading.Thread(target=self._read, name=f"course-job-{self.id[:8]}", daemon=True).start()
 
-    def _command(self):
+    def _command(self, spec):
         # --standalone: the rendezvous store binds port 0 and learns its port from
         # the kernel, so two notebooks launching at the same moment never collide.
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1",
+        options = [f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1"]
+        if spec["mode"] != "script" and self.backend == "gloo":
+            # torchrun with the ranks forked from it (torch imported once): agent.py
+            return [sys.executable, "-m", "course_lib.runtime.agent", *options, str(self.dir)]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", *options,
                 "-m", "course_lib.runtime.worker", str(self.dir)]
 
     def _env(self, extra):
@@ -146,14 +149,17 @@ class Job:
                 os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-        stacks, deadline = {}, time.perf_counter() + STACK_GRACE_S
+        stacks, sizes, deadline = {}, {}, time.perf_counter() + STACK_GRACE_S
         while time.perf_counter() < deadline and len(stacks) < self.nproc:
             time.sleep(0.1)
             for rank in range(self.nproc):
                 path = self.dir / f"stack{rank}.txt"
-                if rank not in stacks and path.exists() and path.stat().st_size:
-                    time.sleep(0.05)  # let faulthandler finish the dump
+                size = path.stat().st_size if path.exists() else 0
+                # faulthandler writes a thread at a time: a dump is whole once it
+                # stops growing (read earlier, the student's frames may be missing)
+                if rank not in stacks and size and sizes.get(rank) == size:
                     stacks[rank] = path.read_text(errors="replace")
+                sizes[rank] = size
         return stacks
 
     def kill(self):
@@ -162,4 +168,4 @@ class Job:
         try:
             procs.kill_job(self.proc, self.id)
         finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            procs.remove_folder(self.dir)

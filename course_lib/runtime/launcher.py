@@ -32,6 +32,7 @@ from course_lib.runtime import warm
 from course_lib.runtime.backend import resolve_backend
 from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.job import Job
+from course_lib.runtime.shipped import Shipped
 
 __all__ = ["run", "run_script", "run_cell", "shutdown", "Results", "LaunchError",
            "LaunchTimeout"]
@@ -82,7 +83,8 @@ def run(fn, *args, nproc=2, backend="auto", timeout=120.0, fresh=False, **kwargs
     ``fresh=True`` starts a brand-new job instead of reusing the warm one."""
     _check(nproc, timeout)
     payload = cloudpickle.dumps((fn, args, kwargs))
-    return _call("fn", payload, nproc, backend, timeout, fresh)
+    return _call("fn", payload, nproc, backend, timeout, fresh,
+                 lambda: Shipped((fn, args, kwargs)))
 
 
 def run_cell(source, namespace=None, *, nproc=2, backend="auto", timeout=120.0, fresh=False):
@@ -91,7 +93,8 @@ def run_cell(source, namespace=None, *, nproc=2, backend="auto", timeout=120.0, 
     ``rank``, ``world_size``, ``local_rank`` and ``device`` as well."""
     _check(nproc, timeout)
     payload = cloudpickle.dumps((source, dict(namespace or {})))
-    return _call("cell", payload, nproc, backend, timeout, fresh)
+    return _call("cell", payload, nproc, backend, timeout, fresh,
+                 lambda: Shipped(list((namespace or {}).values()), cell=source))
 
 
 def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0):
@@ -145,7 +148,7 @@ def _check(nproc, timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
 
-def _call(mode, payload, nproc, backend, timeout, fresh):
+def _call(mode, payload, nproc, backend, timeout, fresh, shipped):
     backend = resolve_backend(backend, nproc)
     started = time.perf_counter()
     serving = warm.acquire(nproc, backend, timeout, fresh=fresh)
@@ -166,7 +169,7 @@ def _call(mode, payload, nproc, backend, timeout, fresh):
         if outcome == "done":
             results = _results(job, nproc, number)
         elif outcome == "timeout":
-            error = _timeout_error(timeout, nproc, job.stacks(), job.log)
+            error = _timeout_error(timeout, nproc, job.stacks(), job.log, shipped())
         else:
             error = _errors(job, nproc) or _failure(
                 [], job.log, f"torchrun exited with status {job.proc.returncode} before "
@@ -222,11 +225,11 @@ def _errors(job, nproc):
     return _failure(errors, job.log) if errors else None
 
 
-def _timeout_error(timeout, nproc, stacks, log):
+def _timeout_error(timeout, nproc, stacks, log, shipped=None):
     """A :class:`LaunchTimeout` whose message says where each rank was, trimmed to
     the student's code, and what kind of hang that is (:func:`diagnose_hang`).
     The untrimmed dumps stay in ``.stacks``, the analysis is ``.diagnosis``."""
-    diagnosis = diagnose_hang(stacks, nproc)
+    diagnosis = diagnose_hang(stacks, nproc, shipped or Shipped())
     message = (f"the job did not finish within timeout={timeout:g}s and was stopped.\n"
                f"{diagnosis.explain()}")
     error = LaunchTimeout(message, ranks=sorted(stacks), stacks=stacks, log="".join(log))

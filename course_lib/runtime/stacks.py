@@ -251,7 +251,11 @@ class RankState:
 
 
 def _source(frame, getline):
+    """``getline(file, line)``, or a :class:`~course_lib.runtime.shipped.Shipped` (which
+    knows the code a call shipped to its ranks)."""
     try:
+        if hasattr(getline, "source"):
+            return getline.source(frame)
         return (getline(frame.file, frame.line) or "").strip()
     except Exception:  # noqa: BLE001 - a line of source is a nicety
         return ""
@@ -264,7 +268,8 @@ def _format(frames, getline):
         if frame is None:
             out.append("  ...")
         elif frame.origin == "user":
-            out.append(f'  File "{frame.file}", line {frame.line}, in {frame.func}')
+            file = getline.file_of(frame) if hasattr(getline, "file_of") else frame.file
+            out.append(f'  File "{file}", line {frame.line}, in {frame.func}')
             source = _source(frame, getline)
             if source:
                 out.append(f"    {source}")

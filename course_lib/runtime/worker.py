@@ -28,7 +28,6 @@ import io
 import json
 import os
 import runpy
-import shutil
 import signal
 import sys
 import threading
@@ -67,16 +66,19 @@ class _RankPrefixed(io.TextIOBase):
             self._stream.flush()
 
 
-def _watch_launcher(pid, job, rank):
-    """End this rank if the notebook kernel that launched it has gone (rank 0
-    also removes the job folder: nobody else is left to)."""
+def _watch_launcher(pid, job, rank, forked):
+    """End this rank if the notebook kernel that launched it has gone. Its folder
+    goes too: removed by the agent once every rank has ended (forked ranks), or
+    else by rank 0 (torchrun keeps nothing there once its ranks are gone)."""
     while True:
         time.sleep(0.5)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            if rank == 0:
-                shutil.rmtree(job, ignore_errors=True)
+            if rank == 0 and not forked:
+                from course_lib.runtime import procs
+
+                procs.remove_folder(job)
             os._exit(3)
         except PermissionError:
             pass
@@ -184,8 +186,16 @@ def _serve(job, spec, rank):
             return
 
 
-def main():
-    job = Path(sys.argv[1])
+def main(job_dir=None):
+    """A rank's life: ``job_dir`` from the command line (torchrun starts this module) or
+    as the argument (:mod:`course_lib.runtime.agent` forks this function)."""
+    forked = job_dir is not None
+    job = Path(job_dir if forked else sys.argv[1])
+    if forked:  # a fresh interpreter's signal handling, not the agent's (whose SIGTERM
+        # handler would wait for this rank's blocking call to return before it could act)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     spec = json.loads((job / "spec.json").read_text())
     rank = int(os.environ["RANK"])
     sys.stdout = _RankPrefixed(sys.__stdout__, f"[rank{rank}] ")
@@ -194,7 +204,7 @@ def main():
     stack_file = open(job / f"stack{rank}.txt", "a")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     (job / f"pid{rank}").write_text(str(os.getpid()))
-    threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"], job, rank),
+    threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"], job, rank, forked),
                      daemon=True).start()
     if rank == 0:  # the port torchrun's rendezvous store bound (it chose it: port 0)
         (job / "port").write_text(os.environ.get("MASTER_PORT", ""))
@@ -211,6 +221,8 @@ def main():
         code = _report(job, rank, exc)
     sys.stdout.flush()
     sys.stderr.flush()
+    if forked and code == 0:
+        return 0  # the agent's process wrapper hands this back and ends us with os._exit
     # Skip interpreter teardown: a failed rank's peers may still hold sockets open,
     # and gloo's threads can block a normal exit.
     os._exit(code)

@@ -208,7 +208,7 @@ def rank_in(*frames, helpers=(WATCHER,)):
 def test_trimmed_stack_starts_at_the_students_code_and_ends_in_the_call_it_waits_in():
     text = dump(WATCHER, P2P_WAITER, IDLE_POOL, thread(
         [*COMM_RECV, frame(CELL, 4, "ring_step"), frame(CELL, 20, "ring_all_reduce"),
-         frame(f"{PKG}/grading/lab00.py", 17, "_counted"), *SERVING], current=True))
+         frame(f"{PKG}/grading/lab00.py", 17, "counted"), *SERVING], current=True))
     assert trim_stack(text, getline) == "\n".join([
         f'  File "{CELL}", line 20, in ring_all_reduce',
         f'  File "{CELL}", line 4, in ring_step',
@@ -327,7 +327,7 @@ def test_a_wait_is_read_through_the_helper_threads():
 
 def test_the_checkers_own_collective_is_not_the_students():
     in_check = rank_in(*TORCH_CALL["all_reduce"],
-                       frame(f"{PKG}/grading/lab01.py", 146, "_all_reduce_job"))
+                       frame(f"{PKG}/grading/lab01/jobs.py", 46, "all_reduce_job"))
     diag = diagnose_hang({0: in_check, 1: rank_in(*COMM_RECV, frame(CELL, 4, "naive"))},
                          2, getline)
     assert diag.kind == "p2p"
@@ -337,10 +337,10 @@ def test_the_checkers_own_collective_is_not_the_students():
         "own all_reduce(): no rank will match it (one recv too many, or a send missing")
     assert diag.ranks[0].stack == (
         "  (this rank is outside your function, in the check's own all_reduce() "
-        "(course_lib/grading/lab01.py, in _all_reduce_job))")
+        "(course_lib/grading/lab01/jobs.py, in all_reduce_job))")
     # the checker's broadcast against the student's all-reduce: the student's is missing a rank
     broadcast = rank_in(*TORCH_CALL["broadcast"],
-                        frame(f"{PKG}/grading/lab02.py", 136, "_broadcast_then"))
+                        frame(f"{PKG}/grading/lab02/jobs.py", 36, "broadcast_then"))
     diag = diagnose_hang({0: broadcast, 1: rank_in(*TORCH_CALL["all_reduce"],
                                                    frame(CELL, 6, "average"))}, 2, getline)
     assert diag.kind == "missing-from-collective"
@@ -351,7 +351,7 @@ def test_the_checkers_own_collective_is_not_the_students():
 def test_the_checkers_wrappers_around_comm_are_left_out():
     """A check may wrap comm's calls (message_order): the student called comm.recv."""
     wrapped = rank_in(*COMM_RECV, frame(f"{PKG}/grading/message_order.py", 62, "recv"),
-                      frame(CELL, 4, "pipelined"), frame(f"{PKG}/grading/lab01.py", 300, "job"))
+                      frame(CELL, 4, "pipelined"), frame(f"{PKG}/grading/lab01/jobs.py", 70, "broadcast_job"))
     state = diagnose_hang({0: wrapped, 1: wrapped}, 2, getline).ranks[0]
     assert (state.op, state.library) == ("recv", "course_lib.comm")
     assert "grading" not in state.stack and state.stack.splitlines()[2] == \

@@ -1,4 +1,5 @@
 """Warm ranks under real torchrun (gloo): reuse, isolation between calls, teardown."""
+import json
 import os
 import random
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ship_by_value, stray_processes
+from conftest import settled, ship_by_value, stray_folders, stray_processes
 from course_lib import LaunchError, LaunchTimeout, comm, run, shutdown, trace
 from course_lib.runtime import warm
 
@@ -203,6 +204,13 @@ def test_the_job_ends_when_the_interpreter_exits(tmp_path):
     assert not wait_until_gone(left)
 
 
+def launched_by(folder, pid):
+    try:
+        return json.loads((folder / "spec.json").read_text())["launcher_pid"] == pid
+    except (OSError, ValueError):
+        return False
+
+
 def test_an_idle_job_ends_by_itself(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, time
@@ -216,6 +224,7 @@ def test_an_idle_job_ends_by_itself(tmp_path):
         ranks = eval(line.split("PIDS", 1)[1].strip())
         assert not wait_until_gone(ranks, limit_s=30)
         assert proc.poll() is None  # the kernel is still there; only its job left
+        assert not settled(lambda: [f for f in stray_folders() if launched_by(f, proc.pid)], 10)
     finally:
         proc.kill()
         proc.wait()
