@@ -334,7 +334,7 @@ def rank_state(rank, text, getline=linecache.getline):
     """Classify and trim one rank's dump: a :class:`RankState`."""
     threads = _parse_dump(text)
     state = RankState(rank, "exited")
-    main = _main_thread(threads)
+    main = _from_the_worker(_main_thread(threads))
     if not main:
         state.stack = "  (no stack: the process had exited or did not answer)"
         return state
@@ -354,6 +354,15 @@ def rank_state(rank, text, getline=linecache.getline):
                           + _format(_shown(frames[mine[0]:], mine[-1] - mine[0]), getline))
     state.stack = shown
     return state
+
+
+def _from_the_worker(frames):
+    """A rank's main thread from the worker's ``main`` in (outermost first): what
+    started the rank (torchrun's agent forking it, multiprocessing) is left out."""
+    for at, frame in enumerate(frames or ()):
+        if frame.func == "main" and frame.path.endswith("runtime/worker.py"):
+            return frames[at:]
+    return frames
 
 
 def _without_student_frames(state, main, threads, getline):

@@ -1,5 +1,5 @@
 """cluster/grade.sbatch run by bash on this machine, as two array tasks and the merge
-step would run on nodes: real kernels grading a small class, slices merged."""
+step would run on nodes: a small class graded (sandboxes, the judge), slices merged."""
 import csv
 import os
 import subprocess
@@ -20,18 +20,23 @@ def test_grade_template_is_valid_bash():
     subprocess.run(["bash", "-n", str(TEMPLATE)], check=True)
 
 
+SOLVED = ("def shard_bounds(numel, rank, world):\n    ### BEGIN SOLUTION\n"
+          "    padded = max(-(-numel // world) * world, world)\n    size = padded // world\n"
+          "    return rank * size, (rank + 1) * size, padded\n    ### END SOLUTION")
+
+
 def small_class(tmp_path):
-    check = new_code_cell("from course_lib.grading import checks\n"
-                          "assert triple(2) == 6, 'triple(2) should be 6'\n"
-                          "checks.passed('Exercise 8.1')")
+    """A one-exercise lab (Lab 03's shard bounds, checked in the student's process) and
+    four students, three of whom solved it."""
+    setup = new_code_cell("from course_lib.grading import lab03")
+    setup.metadata["tags"] = ["setup"]
+    check = new_code_cell("lab03.check_shard_bounds(shard_bounds, trials=10)")
     check.metadata["tags"] = ["check"]
-    nb = new_notebook(cells=[
-        new_markdown_cell("### Exercise 8.1: triple"),
-        new_code_cell("def triple(x):\n    ### BEGIN SOLUTION\n    return 3 * x\n"
-                      "    ### END SOLUTION"), check])
+    nb = new_notebook(cells=[setup, new_markdown_cell("### Exercise 3.3: shard bounds"),
+                             new_code_cell(SOLVED), check])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     (tmp_path / "solutions").mkdir()
-    nbformat.write(nb, tmp_path / "solutions" / "08_small.ipynb")
+    nbformat.write(nb, tmp_path / "solutions" / "03_small.ipynb")
     subs = tmp_path / "submissions"
     subs.mkdir()
     for name in ("ann", "ben", "cat"):
@@ -65,7 +70,7 @@ def test_array_tasks_grade_their_slices_and_the_merge_makes_one_gradebook(tmp_pa
     done = sbatch(tmp_path, STEP="merge")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = read(tmp_path / "grades" / "gradebook.csv")
-    assert [(r["student"], r["Exercise 8.1"], r["total"]) for r in rows] == [
+    assert [(r["student"], r["Exercise 3.3"], r["total"]) for r in rows] == [
         ("ann", "1", "1"), ("ben", "1", "1"), ("cat", "1", "1"), ("dan", "0", "0")]
     details = read(tmp_path / "grades" / "gradebook.details.csv")
     assert sorted(d["student"] for d in details) == ["ann", "ben", "cat", "dan"]
