@@ -148,6 +148,10 @@ class Sandbox:
             if name in os.environ:
                 env[name] = os.environ[name]
         env.update(extra_env or {})
+        # the collector imports the course_lib this process imported, wherever it lies
+        import course_lib
+
+        env["PYTHONPATH"] = str(Path(course_lib.__file__).resolve().parents[1])
         if self.sandboxed:
             env.update(HOME="/tmp/home", TMPDIR="/tmp", MPLCONFIGDIR="/tmp/mpl",
                        IPYTHONDIR="/tmp/ipython", GLOO_SOCKET_IFNAME="lo")
