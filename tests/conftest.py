@@ -1,5 +1,6 @@
 """Shared fixtures: every launcher test must leave no process of any job behind."""
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -16,6 +17,11 @@ from course_lib.runtime import procs
 # inherit this variable; another session running on the same machine does not.
 SESSION_VAR = "COURSE_LIB_TEST_SESSION"
 os.environ[SESSION_VAR] = uuid.uuid4().hex
+# A temp folder of the session's own (jobs, kernels and their children inherit it): job
+# folders left behind are this session's, whatever else runs on the machine.
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="course-tests-"))
+os.environ["TMPDIR"] = str(SESSION_TMP)
+tempfile.tempdir = None
 
 
 def job_processes():
@@ -62,7 +68,7 @@ def settled(find, limit_s):
     return left
 
 
-JOB_FOLDERS = set(Path(tempfile.gettempdir()).glob("course-job-*"))  # other sessions' leftovers
+JOB_FOLDERS = set()  # reported already
 
 
 def stray_folders():
@@ -94,6 +100,7 @@ def nothing_left_at_the_end():
     assert not left, f"processes left after shutdown(): {[(p.pid, p.cmdline()) for p in left]}"
     folders = settled(stray_folders, 10)
     assert not folders, f"job folders left after shutdown(): {folders}"
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 SANDBOXES = set()  # tokens of the session's shared sandboxes

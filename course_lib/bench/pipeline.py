@@ -161,8 +161,8 @@ def measure_real(width=1024, depth=2, batch=128, m=None, steps=3, rounds=3):
     s, p, device = dist.get_rank(), dist.get_world_size(), current_device()
     m = m or 2 * p
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, width, generator=gen).to(device)
-    y = torch.randn(batch, width, generator=gen).to(device)
+    x = torch.randn(batch, width, generator=gen, device="cpu").to(device)
+    y = torch.randn(batch, width, generator=gen, device="cpu").to(device)
     base = stage_module(width, depth, seed=s)
     runners = {(impl, v): _Runner(impl, v, copy.deepcopy(base), m, x, y)
                for v in VARIANTS for impl in ("ours", "torch")}

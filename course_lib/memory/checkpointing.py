@@ -75,8 +75,8 @@ def compare_checkpointing(cfg, batch, rounds=3, seed=0):
     from course_lib.models import GPT
 
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen)
-    targets = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen)
+    tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu")
+    targets = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu")
     out = {}
     for name, wrap in (("off", lambda m: m), ("on", checkpoint_blocks)):
         out[name] = measure_step(wrap(GPT(cfg, seed=seed)), tokens, targets, rounds)

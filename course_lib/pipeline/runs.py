@@ -51,7 +51,8 @@ def corpus_batches(cfg: GPTConfig, batch, steps, device):
     inputs, targets, _ = char_corpus(cfg.seq_len)
     gen = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        idx = torch.randint(0, len(inputs), (batch,), generator=gen)
+        # a CPU generator draws on the CPU, whatever the rank's default device
+        idx = torch.randint(0, len(inputs), (batch,), generator=gen, device="cpu")
         yield inputs[idx].to(device), targets[idx].to(device)
 
 

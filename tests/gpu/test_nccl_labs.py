@@ -61,8 +61,8 @@ SIZES = (1, 7, 1001, (1 << 18) + 3)  # none divides evenly by 2 or 3 ranks but 1
 
 def _inputs(numel, dtype, seed, device):
     gen = torch.Generator().manual_seed(seed)
-    x = (torch.randint(-100, 100, (numel,), generator=gen) if dtype == torch.int64
-         else torch.randn(numel, generator=gen, dtype=dtype))
+    x = (torch.randint(-100, 100, (numel,), generator=gen, device="cpu") if dtype == torch.int64
+         else torch.randn(numel, generator=gen, dtype=dtype, device="cpu"))
     return x.to(device)
 
 
