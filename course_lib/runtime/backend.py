@@ -39,8 +39,9 @@ def gpu_count():
 
 
 def resolve_backend(backend, nproc):
-    """The concrete backend for ``nproc`` ranks on this machine; raises ValueError
-    (before anything starts) when the request cannot work here."""
+    """The concrete backend for ``nproc`` ranks *on this node* (a multi-node job needs one
+    GPU per rank of each node, not per rank of the world); raises ValueError (before
+    anything starts) when the request cannot work here."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     if backend == "auto":
@@ -49,7 +50,7 @@ def resolve_backend(backend, nproc):
         if not dist.is_nccl_available():
             raise ValueError("backend='nccl' but this torch build has no NCCL (a CPU build?)")
         if gpu_count() < nproc:
-            raise ValueError(f"backend='nccl' needs one GPU per rank: nproc={nproc} but "
+            raise ValueError(f"backend='nccl' needs one GPU per rank of this node: {nproc} ranks but "
                              f"torch sees {gpu_count()} GPU(s). Use backend='gloo' or 'auto'.")
     if backend == "mpi" and not dist.is_mpi_available():
         raise ValueError("backend='mpi' but this torch build was not compiled with MPI")
@@ -65,15 +66,22 @@ def current_device():
     return torch.device("cpu")
 
 
+def node_backend(backend="auto"):
+    """The backend a rank started by torchrun uses: ``COURSE_BACKEND`` (what the launcher
+    resolved) for "auto", checked against the GPUs of this node for the ranks of this
+    node (``LOCAL_WORLD_SIZE``: 4 on each of 2 nodes of 4 GPUs, not the world's 8)."""
+    if backend == "auto":  # the launcher already resolved it for the whole job
+        backend = os.environ.get("COURSE_BACKEND", "auto")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    return resolve_backend(backend, local)
+
+
 def init_distributed(backend="auto", timeout_s=None):
     """Join the default process group from torchrun's environment variables
     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Idempotent."""
     if dist.is_initialized():
         return dist.get_backend()
-    world_size = int(os.environ["WORLD_SIZE"])
-    if backend == "auto":  # the launcher already resolved it for the whole job
-        backend = os.environ.get("COURSE_BACKEND", "auto")
-    backend = resolve_backend(backend, world_size)
+    backend = node_backend(backend)
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))

@@ -25,3 +25,20 @@ def test_support_table_is_rectangular_and_probe_covers_it():
     assert probed[0].keys() == SUPPORT_TABLE.keys()
     assert probed[0]["send"] == probed[0]["all_reduce"] == "yes"  # gloo's basics
     assert probed[0] == probed[1]
+
+
+@pytest.mark.parametrize("asked", ["auto", "nccl"])
+def test_a_multi_node_job_counts_the_gpus_of_its_own_node(monkeypatch, asked):
+    """cluster/torchrun.sbatch on 2 nodes x 4 GPUs: torchrun gives each rank
+    WORLD_SIZE=8 and LOCAL_WORLD_SIZE=4; 4 GPUs on this node are enough."""
+    from course_lib.runtime import backend
+
+    monkeypatch.setattr(backend, "gpu_count", lambda: 4)
+    monkeypatch.setattr(backend.dist, "is_nccl_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("COURSE_BACKEND", "nccl")
+    assert backend.node_backend(asked) == "nccl"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "5")  # more ranks on this node than GPUs
+    with pytest.raises(ValueError, match="one GPU per rank"):
+        backend.node_backend(asked)
