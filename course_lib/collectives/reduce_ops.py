@@ -46,7 +46,8 @@ def combine(acc, incoming, op, out=None):
     return out
 
 
-_scratch_cache = threading.local()
+_scratch_lock = threading.Lock()
+_scratch_cache: dict = {}  # (thread, group key, dtype, device, slot) -> buffer
 
 
 def group_key(group):
@@ -58,15 +59,24 @@ def scratch(numel, like, slot, group=None):
     """A reusable receive buffer of ``numel`` elements (dtype and device of ``like``).
     Fresh allocations of tens of MB per call cost page faults comparable to the
     transfer itself, so buffers are kept and grown when needed. They belong to one
-    operation at a time: kept per thread (an asynchronous operation runs on its
-    group's own helper thread) and per process group, so two operations in
-    flight never share one."""
-    cache = _scratch_cache.__dict__.setdefault("buffers", {})
-    key = (group_key(group), like.dtype, like.device, slot)
-    buf = cache.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    operation at a time: kept per thread (an asynchronous operation runs on a
+    helper thread) and per process group, so two operations in flight never share
+    one; :func:`forget_groups` lets those of destroyed groups go."""
+    key = (threading.get_ident(), group_key(group), like.dtype, like.device, slot)
+    with _scratch_lock:
+        buf = _scratch_cache.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = _scratch_cache[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
     return buf[:numel]
+
+
+def forget_groups(live):
+    """Drop the scratch buffers of every group not in ``live`` (a warm rank, after a
+    call destroyed the groups it made: their buffers would outlive them)."""
+    keep = {group_key(g) for g in live} | {group_key(None)}
+    with _scratch_lock:
+        for key in [k for k in _scratch_cache if k[1] not in keep]:
+            del _scratch_cache[key]
 
 
 def chunk_bounds(numel, parts):

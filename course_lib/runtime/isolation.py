@@ -8,7 +8,9 @@ call:
 - torch's default dtype and default device;
 - the RNG states of torch (CPU and, on GPU ranks, CUDA), numpy and ``random``:
   every call draws the same numbers the first call drew, as a fresh job would;
-- grad mode, deterministic-algorithm flags, cuDNN flags, torch's thread count;
+- grad mode, deterministic-algorithm flags, cuDNN flags, torch's thread count, the
+  float32 matmul precision and TF32 flags; on a GPU rank its current device and
+  stream (the default one), and the peak-memory statistics;
 - the working directory (the notebook's current one, sent with each call) and
   ``sys.argv``;
 - process groups a call created are destroyed after it; the default group stays;
@@ -57,6 +59,8 @@ class Baseline:
         self.deterministic_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         self.cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
         self.threads = torch.get_num_threads()
+        self.matmul_precision = torch.get_float32_matmul_precision()
+        self.tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         self.argv = list(sys.argv)
         self.groups = _live_groups()
 
@@ -79,19 +83,38 @@ class Baseline:
                                                warn_only=self.deterministic_warn_only)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self.cudnn
         torch.set_num_threads(self.threads)
+        torch.set_float32_matmul_precision(self.matmul_precision)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.tf32
+        if self.default_device is not None and self.default_device.type == "cuda":
+            # the rank's GPU and its default stream, and memory peaks counted from here
+            torch.cuda.set_device(self.default_device)
+            torch.cuda.set_stream(torch.cuda.default_stream(self.default_device))
+            torch.cuda.reset_peak_memory_stats(self.default_device)
         sys.argv[:] = self.argv
         if cwd is not None:
             os.chdir(cwd)
         _reset_course_lib_state()
 
     def release_groups(self):
-        """After a call: destroy the process groups it created. Returns False when
-        the call destroyed the default group itself (the rank cannot serve again)."""
+        """After a call: destroy the process groups it created, in the same order on
+        every rank (by name, as torch does: NCCL's teardown of a communicator can wait
+        for its peers). Returns False when the call destroyed the default group itself
+        (the rank cannot serve again)."""
         if not dist.is_initialized():
             return False
-        for group in _live_groups() - self.groups:
+        for group in sorted(_live_groups() - self.groups, key=_group_order):
             dist.destroy_process_group(group)
+        from course_lib.collectives.reduce_ops import forget_groups
+
+        forget_groups(_live_groups())  # scratch buffers of groups that are gone
         return True
+
+
+def _group_order(group):
+    """Groups are named "0", "1", ... in creation order (or by the user): numbers first,
+    in numeric order, then names."""
+    name = dist.distributed_c10d._world.pg_names.get(group, "")
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def _reset_course_lib_state():

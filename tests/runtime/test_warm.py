@@ -1,4 +1,5 @@
 """Warm ranks under real torchrun (gloo): reuse, isolation between calls, teardown."""
+import importlib
 import json
 import os
 import random
@@ -122,6 +123,13 @@ def test_a_job_started_from_a_helper_thread_outlives_the_thread():
 
 
 # ---- isolation: a call changes something, the next call must not see it -----------
+def tf32_flags(modules=False):
+    """torch's TF32 switches (imported by name: cloudpickle cannot ship the cudnn module)."""
+    matmul = importlib.import_module("torch.backends.cuda").matmul
+    cudnn = importlib.import_module("torch.backends.cudnn")
+    return (matmul, cudnn) if modules else (matmul.allow_tf32, cudnn.allow_tf32)
+
+
 def isolation_probe(change):
     """Report the state a call starts in; then, with ``change``, alter it."""
     seen = {
@@ -137,6 +145,8 @@ def isolation_probe(change):
         "tracer_spans": len(trace.get_tracer()._spans) if trace.get_tracer() else None,
         "cwd": os.getcwd(),
         "argv": list(sys.argv),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32": tf32_flags(),
     }
     if change:
         dist.new_group([0, 1])
@@ -152,12 +162,15 @@ def isolation_probe(change):
             pass
         os.chdir("/")
         sys.argv.append("--extra")
+        torch.set_float32_matmul_precision("medium")
+        matmul, cudnn = tf32_flags(modules=True)
+        matmul.allow_tf32, cudnn.allow_tf32 = not matmul.allow_tf32, not cudnn.allow_tf32
     return seen
 
 
 @pytest.mark.parametrize("item", ["dtype", "device", "torch_rng", "numpy_rng", "random_rng",
                                   "grad", "deterministic", "groups", "counting",
-                                  "tracer_spans", "cwd", "argv"])
+                                  "tracer_spans", "cwd", "argv", "matmul_precision", "tf32"])
 def test_a_call_does_not_see_what_the_previous_call_changed(item):
     first = run(isolation_probe, True, nproc=2, timeout=60)
     second = run(isolation_probe, False, nproc=2, timeout=60)
