@@ -29,7 +29,8 @@ sides.
 
 :func:`exchange` posts all sends and receives of one step together: through
 ``batch_isend_irecv`` on NCCL, where separate blocking send/recv pairs can
-deadlock, and as plain non-blocking posts on gloo, which is as safe there.
+deadlock, and as plain non-blocking posts on gloo, which is as safe there (under
+NCCL's rules, :mod:`course_lib.runtime.nccl_rules`, gloo takes NCCL's path).
 Non-blocking calls return a :class:`~course_lib.handle.Handle`.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch.distributed as dist
 
 from course_lib import trace
 from course_lib.handle import Handle
+from course_lib.runtime import nccl_rules
 
 
 @dataclass
@@ -149,7 +151,7 @@ def isend(tensor, dst, group=None, tag=0):
     modify ``tensor`` until the handle has completed."""
     _check_peer(dst, group)
     _count_send(tensor, dst)
-    handle = Handle.from_works(dist.isend(tensor, group=group, tag=tag, group_dst=dst))
+    handle = Handle.from_works(dist.isend(tensor, group=group, tag=tag, group_dst=dst), p2p=True)
     return trace.async_span(f"isend→{dst}", "comm", handle, bytes=_nbytes(tensor), peer=dst)
 
 
@@ -157,7 +159,7 @@ def irecv(tensor, src, group=None, tag=0):
     """Non-blocking receive from group-local rank ``src``; returns a Handle."""
     _check_peer(src, group)
     _count_recv(tensor, src)
-    handle = Handle.from_works(dist.irecv(tensor, group=group, tag=tag, group_src=src))
+    handle = Handle.from_works(dist.irecv(tensor, group=group, tag=tag, group_src=src), p2p=True)
     return trace.async_span(f"irecv←{src}", "comm", handle, bytes=_nbytes(tensor), peer=src)
 
 
@@ -181,7 +183,7 @@ def exchange_async(sends=(), recvs=(), group=None, tag=0):
         _count_send(tensor, peer)
     for tensor, peer, _ in recvs:
         _count_recv(tensor, peer)
-    if dist.get_backend(group) == "gloo":
+    if dist.get_backend(group) == "gloo" and not nccl_rules.active():
         # receives first: a gloo sender pushes its bytes once the peer has posted
         works = [dist.irecv(t, group=group, tag=g, group_src=p) for t, p, g in recvs]
         works += [dist.isend(t, group=group, tag=g, group_dst=p) for t, p, g in sends]
@@ -189,7 +191,7 @@ def exchange_async(sends=(), recvs=(), group=None, tag=0):
         ops = [dist.P2POp(dist.isend, t, group=group, tag=g, group_peer=p) for t, p, g in sends]
         ops += [dist.P2POp(dist.irecv, t, group=group, tag=g, group_peer=p) for t, p, g in recvs]
         works = dist.batch_isend_irecv(ops)
-    handle = Handle.from_works(works)
+    handle = Handle.from_works(works, p2p=True)
     if trace.get_tracer() is None:
         return handle
     nbytes = sum(_nbytes(t) for t, _, _ in sends)

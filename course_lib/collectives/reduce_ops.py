@@ -112,17 +112,18 @@ def ring_neighbours(group=None):
 
 
 def asynchronous(fn):
-    """Give a collective ``async_op=False``: with True it runs on its group's helper
-    thread (operations of one group start in issue order, as on every rank) and
-    a :class:`~course_lib.handle.Handle` comes back at once."""
+    """Give a collective ``async_op=False``: with True it runs on the rank's helper
+    thread (operations start in issue order, as on every rank) and a
+    :class:`~course_lib.handle.Handle` comes back at once; without, it runs in
+    that order too (:func:`~course_lib.handle.run_in_order`)."""
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, async_op=False, **kwargs):
-        if not async_op:
-            return fn(*args, **kwargs)
-        from course_lib.handle import Handle
+        from course_lib.handle import Handle, run_in_order
 
+        if not async_op:
+            return run_in_order(fn, *args, **kwargs)
         group = signature.bind(*args, **kwargs).arguments.get("group")
         return Handle.on_thread(group_key(group), fn, *args, **kwargs)
 

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from course_lib import comm, trace
 from course_lib.collectives.reduce_ops import (Flat, ReduceOp, chunk_bounds, combine, group_key,
                                                ring_neighbours, scratch, validate)
-from course_lib.handle import Handle
+from course_lib.handle import Handle, run_in_order
 
 SEGMENT_BYTES = None  # bytes per segment when the caller gives none; None: whole chunks
 MAX_SEGMENTS = 16
@@ -177,11 +177,12 @@ def _stepwise(ring, rs_plan, ag_plan, incoming, op, out, reduce_scatter, all_gat
 
 
 def _maybe_async(async_op, group, fn, *args):
-    """Run now, or on the group's helper thread with a Handle to wait on (checks
-    of the arguments have already run here, so errors are raised at the call)."""
+    """Run now (in this rank's issue order: behind what runs asynchronously), or on
+    the rank's helper thread with a Handle to wait on (checks of the arguments have
+    already run here, so errors are raised at the call)."""
     if async_op:
         return Handle.on_thread(group_key(group), fn, *args)
-    return fn(*args)
+    return run_in_order(fn, *args)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, segment_bytes=None):

@@ -168,9 +168,11 @@ class DDP(_DataParallel):
             self._next += 1
 
     def _globally_unused(self):
-        """Ids of the parameters no rank used this pass (one small all-reduce)."""
+        """Ids of the parameters no rank used this pass (one small all-reduce, issued as
+        the buckets are: after them, in the same order on every rank; with the ring,
+        on the rank's helper thread, not from this autograd callback beside it)."""
         used = torch.tensor(self._used, dtype=torch.int32, device=self.params[0].device)
-        dist.all_reduce(used, group=self.process_group)
+        self.launch(used).wait()
         return {id(p) for p, count in zip(self.params, used.tolist()) if count == 0}
 
     def _finish(self):

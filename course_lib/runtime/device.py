@@ -13,9 +13,11 @@ Under gloo (CPU ranks) :func:`sync` does nothing and never touches CUDA.
 
 Three more things the layers above need on a GPU rank:
 
-- :func:`set_thread_device`: torch keeps the current CUDA device *and* the
-  default device per thread, and the launcher sets both on the main thread
-  only. Every helper thread (a DDP ring thread, a trace waiter) calls it first.
+- :func:`set_thread_device`: torch keeps the current CUDA device, the default
+  device *and* the current stream per thread, and the launcher sets them on the
+  main thread only. Every helper thread (the rank's operation thread, a trace
+  waiter) calls it first, and gets a stream of its own; :func:`record_streams`
+  for the tensors it receives from another thread.
 - :func:`record_event` / :func:`wait_event`: a tensor filled on one stream and
   reduced from another thread's stream must be ordered on the device, not by
   the host: record after the fill, wait before the collective.
@@ -46,16 +48,40 @@ def sync(device=None):
         torch.cuda.synchronize(device)
 
 
-def set_thread_device():
+def set_thread_device(own_stream=False):
     """Make the calling thread compute on this rank's device (call it first
     thing in a helper thread, e.g. as a ``ThreadPoolExecutor`` initializer).
 
     Under NCCL: the thread's current CUDA device and its default device become
-    the rank's GPU, as on the main thread. Under gloo it does nothing."""
+    the rank's GPU, as on the main thread, and with ``own_stream`` its current
+    stream a new one: what it waits for or launches does not queue behind, or
+    hold up, the main thread's kernels. Under gloo it does nothing."""
     device = current_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.set_default_device(device)
+        if own_stream:
+            torch.cuda.set_stream(torch.cuda.Stream(device))
+
+
+def record_streams(values):
+    """Tell the caching allocator that the CUDA tensors in ``values`` (nested in
+    tuples, lists and dicts) are used on this thread's current stream too, so
+    that their memory is not handed out again while work queued there still
+    reads or writes it. Nothing to do on CPU."""
+    if current_device().type != "cuda":
+        return
+    stream = torch.cuda.current_stream()
+    todo = [values]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, torch.Tensor):
+            if value.is_cuda:
+                value.record_stream(stream)
+        elif isinstance(value, (tuple, list)):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value.values())
 
 
 def record_event(device=None):

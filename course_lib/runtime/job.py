@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from course_lib.runtime import procs
+from course_lib.runtime import nccl_rules, procs
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]")
 MARKER_LINE = re.compile(r"^\x1fcourse_lib (\w+) (\d+) (\d+)$")  # kind, task, rank
@@ -57,7 +57,8 @@ class Job:
         self.log = []  # torchrun's own lines (not a rank's): shown when something fails
         self._lines = queue.Queue()
         self.proc = subprocess.Popen(
-            self._command(spec), env=self._env(extra_env or {}), stdout=subprocess.PIPE,
+            self._command(spec), env=self._env(extra_env or {}, spec.get("nccl_rules", False)),
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             text=True, bufsize=1, errors="replace")
         threading.Thread(target=self._read, name=f"course-job-{self.id[:8]}", daemon=True).start()
@@ -66,14 +67,17 @@ class Job:
         # --standalone: the rendezvous store binds port 0 and learns its port from
         # the kernel, so two notebooks launching at the same moment never collide.
         options = [f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1"]
-        if spec["mode"] != "script" and self.backend == "gloo":
+        if spec["mode"] != "script" and self.backend == "gloo" and not spec.get("nccl_rules"):
             # torchrun with the ranks forked from it (torch imported once): agent.py
             return [sys.executable, "-m", "course_lib.runtime.agent", *options, str(self.dir)]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *options,
                 "-m", "course_lib.runtime.worker", str(self.dir)]
 
-    def _env(self, extra):
+    def _env(self, extra, rules=False):
         env = dict(os.environ)
+        env.pop(nccl_rules.ENV, None)
+        if rules:  # course_lib's rules, and torch's check of collectives across ranks
+            env.update({nccl_rules.ENV: "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
         env[procs.MARKER] = self.id
         env["COURSE_BACKEND"] = self.backend
         env["PYTHONUNBUFFERED"] = "1"

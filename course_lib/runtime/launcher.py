@@ -28,7 +28,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from course_lib.runtime import warm
+from course_lib.runtime import nccl_rules, warm
 from course_lib.runtime.backend import resolve_backend
 from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.job import Job
@@ -77,24 +77,28 @@ class Results(list):
     wall_time = None
 
 
-def run(fn, *args, nproc=2, backend="auto", timeout=120.0, fresh=False, **kwargs):
+def run(fn, *args, nproc=2, backend="auto", timeout=120.0, fresh=False, nccl_rules=None,
+        **kwargs):
     """Run ``fn(*args, **kwargs)`` on every rank, inside an initialised default
     process group, and return the list of per-rank results (a :class:`Results`).
-    ``fresh=True`` starts a brand-new job instead of reusing the warm one."""
+    ``fresh=True`` starts a brand-new job instead of reusing the warm one;
+    ``nccl_rules=True`` makes a gloo job refuse what NCCL would
+    (:mod:`course_lib.runtime.nccl_rules`; None: ``COURSE_LIB_NCCL_RULES`` decides)."""
     _check(nproc, timeout)
     payload = cloudpickle.dumps((fn, args, kwargs))
     return _call("fn", payload, nproc, backend, timeout, fresh,
-                 lambda: Shipped((fn, args, kwargs)))
+                 lambda: Shipped((fn, args, kwargs)), nccl_rules)
 
 
-def run_cell(source, namespace=None, *, nproc=2, backend="auto", timeout=120.0, fresh=False):
+def run_cell(source, namespace=None, *, nproc=2, backend="auto", timeout=120.0, fresh=False,
+             nccl_rules=None):
     """Execute ``source`` as an SPMD program on every rank (what ``%%torchrun`` does).
     ``namespace`` holds names the cell may use (shipped by value). The cell sees
     ``rank``, ``world_size``, ``local_rank`` and ``device`` as well."""
     _check(nproc, timeout)
     payload = cloudpickle.dumps((source, dict(namespace or {})))
     return _call("cell", payload, nproc, backend, timeout, fresh,
-                 lambda: Shipped(list((namespace or {}).values()), cell=source))
+                 lambda: Shipped(list((namespace or {}).values()), cell=source), nccl_rules)
 
 
 def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0):
@@ -109,7 +113,8 @@ def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0):
         raise FileNotFoundError(f"no such script: {path}")
     backend = resolve_backend(backend, nproc)
     started = time.perf_counter()
-    job = Job(nproc, backend, {"mode": "script", "timeout": timeout})
+    job = Job(nproc, backend, {"mode": "script", "timeout": timeout,
+                               "nccl_rules": nccl_rules.requested()})
     (job.dir / "payload.json").write_text(
         json.dumps({"path": str(path), "argv": [str(a) for a in script_args]}))
     try:
@@ -148,10 +153,11 @@ def _check(nproc, timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
 
 
-def _call(mode, payload, nproc, backend, timeout, fresh, shipped):
+def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
     backend = resolve_backend(backend, nproc)
+    rules = nccl_rules.requested() if rules is None else bool(rules)
     started = time.perf_counter()
-    serving = warm.acquire(nproc, backend, timeout, fresh=fresh)
+    serving = warm.acquire(nproc, backend, timeout, fresh=fresh, rules=rules)
     job = serving.job
     done, error = set(), None
     try:

@@ -50,12 +50,14 @@ class ServingJob:
     """A :class:`Job` whose ranks serve calls, with the key-value store the
     notebook hands the calls out through."""
 
-    def __init__(self, nproc, backend, timeout):
+    def __init__(self, nproc, backend, timeout, rules=False):
         self.nproc, self.backend, self.idle_s = nproc, backend, idle_limit_s()
+        self.key = (nproc, backend, rules)
         # port 0: the kernel picks a free port, no probe-then-bind race
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=30))
-        spec = {"mode": "serve", "timeout": max(float(timeout), 3600.0), "idle_s": self.idle_s}
+        spec = {"mode": "serve", "timeout": max(float(timeout), 3600.0), "idle_s": self.idle_s,
+                "nccl_rules": rules}
         self.job = Job(nproc, backend, spec, {"COURSE_LIB_STORE_PORT": str(self.store.port)})
         self.calls = 0
         self.last_used = time.monotonic()
@@ -81,7 +83,7 @@ class ServingJob:
 
 
 _lock = threading.RLock()
-_jobs: dict = {}  # (nproc, backend) -> ServingJob, least recently used first
+_jobs: dict = {}  # (nproc, backend, NCCL rules) -> ServingJob, least recently used first
 _timers: dict = {}
 
 
@@ -93,10 +95,10 @@ def max_jobs():
     return max(1, int(os.environ.get("COURSE_LIB_WARM_MAX", "3")))
 
 
-def acquire(nproc, backend, timeout, fresh=False):
-    """The warm job for (nproc, backend), started if there is none or it cannot
-    serve; the caller owns it until :func:`release` or :func:`discard`."""
-    key = (nproc, backend)
+def acquire(nproc, backend, timeout, fresh=False, rules=False):
+    """The warm job for (nproc, backend, NCCL's rules or not), started if there is none
+    or it cannot serve; the caller owns it until :func:`release` or :func:`discard`."""
+    key = (nproc, backend, rules)
     with _lock:
         job = _jobs.pop(key, None)
         _cancel_timer(job)
@@ -107,7 +109,7 @@ def acquire(nproc, backend, timeout, fresh=False):
         while len(_jobs) >= max_jobs():  # make room: end the least recently used
             discard(next(iter(_jobs.values())))
         if job is None:
-            job = ServingJob(nproc, backend, timeout)
+            job = ServingJob(nproc, backend, timeout, rules)
         job.last_used = time.monotonic()  # in use: an idle timer firing now must not end it
         _jobs[key] = job
         return job
@@ -119,15 +121,15 @@ def release(job):
         job.last_used = time.monotonic()
         if not enabled():
             discard(job)
-        elif _jobs.get((job.nproc, job.backend)) is job:
+        elif _jobs.get(job.key) is job:
             _arm_timer(job)
 
 
 def discard(job):
     """End ``job`` and everything it started. Raises RuntimeError if a process survived."""
     with _lock:
-        if _jobs.get((job.nproc, job.backend)) is job:
-            del _jobs[(job.nproc, job.backend)]
+        if _jobs.get(job.key) is job:
+            del _jobs[job.key]
         _cancel_timer(job)
     job.stop()
     try:
@@ -171,7 +173,7 @@ def _cancel_timer(job):
 
 def _expire(job):
     with _lock:
-        if (_jobs.get((job.nproc, job.backend)) is job
+        if (_jobs.get(job.key) is job
                 and time.monotonic() - job.last_used >= job.idle_s - 1):
             discard(job)
 

@@ -147,6 +147,20 @@ def _run_call(job, task, rank):
     return to_cpu(result), trace.finish()
 
 
+def _check_destroy_order(store, number, rank):
+    """NCCL's rule 5 (:mod:`course_lib.runtime.nccl_rules`): the ranks destroyed the
+    groups they share in one order, in this call and the clean-up after it."""
+    import torch.distributed as dist
+
+    from course_lib.runtime import nccl_rules
+
+    store.set(f"rules/destroyed/{number}/{rank}", json.dumps(nccl_rules.destroyed))
+    nccl_rules.destroyed.clear()
+    orders = {r: json.loads(store.get(f"rules/destroyed/{number}/{r}"))
+              for r in range(dist.get_world_size())}
+    nccl_rules.check_destroy_order(orders)
+
+
 def _serve(job, spec, rank):
     import cloudpickle
     import torch
@@ -178,6 +192,8 @@ def _serve(job, spec, rank):
         value, exported = _run_call(job, task, rank)
         (job / f"result{rank}-{number}.pkl").write_bytes(cloudpickle.dumps((value, exported)))
         reusable = baseline.release_groups()
+        if spec.get("nccl_rules"):
+            _check_destroy_order(store, number, rank)
         sys.stdout.flush()
         sys.stderr.flush()
         sys.__stdout__.write(marker("done" if reusable else "retire", number, rank))
@@ -210,6 +226,10 @@ def main(job_dir=None):
         (job / "port").write_text(os.environ.get("MASTER_PORT", ""))
     code = 0
     try:
+        if spec.get("nccl_rules"):
+            from course_lib.runtime import nccl_rules
+
+            nccl_rules.install()
         if spec["mode"] == "script":
             _run_script(job)
         else:

@@ -1,0 +1,129 @@
+"""gloo under NCCL's rules: each rule refuses what NCCL would, and names the rule; what
+NCCL accepts still runs."""
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ship_by_value
+from course_lib import LaunchError, comm, run, trace
+from course_lib.collectives import ring
+from course_lib.runtime.nccl_rules import NcclRuleError, check_destroy_order
+
+ship_by_value(__name__)
+
+
+def run_under_rules(fn, *args, nproc=2, timeout=60):
+    return run(fn, *args, nproc=nproc, nccl_rules=True, timeout=timeout)
+
+
+def tags_matter():
+    """Two messages told apart by their tags only, received in the other order."""
+    if dist.get_rank() == 0:
+        first = comm.isend(torch.full((3,), 1.0), 1, tag=1)
+        second = comm.isend(torch.full((3,), 2.0), 1, tag=2)
+        first.wait()
+        second.wait()
+        return None
+    two, one = torch.empty(3), torch.empty(3)
+    comm.recv(two, 0, tag=2)
+    comm.recv(one, 0, tag=1)
+    return one.tolist(), two.tolist()
+
+
+def test_messages_are_matched_by_order_not_by_tag():
+    assert run(tags_matter, nproc=2)[1] == ([1.0] * 3, [2.0] * 3)  # gloo: tags work
+    assert run_under_rules(tags_matter)[1] == ([2.0] * 3, [1.0] * 3)  # NCCL: posting order
+
+
+def two_threads_at_once():
+    peer = 1 - dist.get_rank()
+    out = torch.empty(1000)
+    pending = comm.irecv(out, peer)  # in flight on the main thread
+    failure = []
+
+    def other():
+        try:
+            dist.all_reduce(torch.ones(1))
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            failure.append(exc)
+
+    helper = threading.Thread(target=other, name="helper")
+    helper.start()
+    helper.join()
+    comm.send(torch.ones(1000), peer)
+    pending.wait()
+    return repr(failure[0]) if failure else None
+
+
+def test_two_threads_issuing_at_once_are_refused():
+    refused = run_under_rules(two_threads_at_once)
+    assert all("one issuing thread at a time" in r and "helper issues all_reduce()" in r and
+               "has irecv() in flight" in r for r in refused), refused
+
+
+def future_of_a_coalesced_message():
+    peer = 1 - dist.get_rank()
+    ops = [dist.P2POp(dist.isend, torch.ones(2), peer), dist.P2POp(dist.irecv, torch.empty(2), peer)]
+    works = dist.batch_isend_irecv(ops)
+    try:
+        works[0].get_future()
+        refused = None
+    except NcclRuleError as exc:
+        refused = str(exc)
+    for work in works:
+        work.wait()
+    return refused
+
+
+def test_a_coalesced_message_has_no_future():
+    assert set(run_under_rules(future_of_a_coalesced_message)) == {
+        "NCCL rule (coalesced works): a work of batch_isend_irecv has no future on NCCL; "
+        "wait on the work itself"}
+
+
+def traced_exchanges():
+    """What every from-scratch collective does: traced exchanges, a ring, async too."""
+    r, w = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(5)
+    comm.exchange(sends=[(torch.full((5,), float(r)), (r + 1) % w)], recvs=[(out, (r - 1) % w)])
+    x = torch.arange(7.0) + r
+    ring.all_reduce(x, async_op=True).wait()
+    return out.tolist(), x.tolist(), len(trace.get_tracer()._spans)
+
+
+def test_what_nccl_accepts_runs_and_is_traced():
+    for rank, (out, x, spans) in enumerate(run_under_rules(traced_exchanges, nproc=3)):
+        assert out == [float((rank - 1) % 3)] * 5 and x == [3.0 * v + 3 for v in range(7)]
+        assert spans >= 1 + 4  # the exchange and the ring's 2(n-1) steps
+
+
+def destroy_in_rank_order():
+    groups = [dist.new_group([0, 1]) for _ in range(3)]
+    for group in (groups if dist.get_rank() == 0 else groups[::-1]):
+        dist.destroy_process_group(group)
+
+
+def test_groups_destroyed_in_different_orders_are_refused():
+    with pytest.raises(LaunchError, match=r"NCCL rule \(teardown order\): rank 0 destroyed "
+                                          r"group \d+, group \d+, group \d+ in that order"):
+        run_under_rules(destroy_in_rank_order)
+    assert check_destroy_order({0: ["a", "b"], 1: ["a", "c", "b"], 2: ["c"]}) is None
+    with pytest.raises(NcclRuleError, match="rank 0 destroyed a, b in that order, rank 1 b, a"):
+        check_destroy_order({0: ["a", "b"], 1: ["b", "a"]})
+
+
+def collectives_in_different_orders():
+    x = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.all_reduce(x)
+        dist.broadcast(x, 0)
+    else:
+        dist.broadcast(x, 0)
+        dist.all_reduce(x)
+
+
+def test_collectives_in_different_orders_are_named():
+    with pytest.raises(LaunchError, match="Detected mismatch between collectives"):
+        run_under_rules(collectives_in_different_orders, timeout=60)
