@@ -52,6 +52,7 @@ def two_threads_at_once():
     helper = threading.Thread(target=other, name="helper")
     helper.start()
     helper.join()
+    dist.barrier()  # nothing is sent before both helpers have tried
     comm.send(torch.ones(1000), peer)
     pending.wait()
     return repr(failure[0]) if failure else None
