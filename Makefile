@@ -13,7 +13,8 @@ GRADEBOOK ?= grades/gradebook.csv
 GRADE_TIMEOUT ?= 900
 JOBS ?= 1
 
-.PHONY: setup sandbox run test test-slow test-gpu test-browser lab labs grade bench clean
+.PHONY: setup sandbox run test test-slow test-nccl-rules test-gpu test-gpu1 test-browser lab \
+	labs grade bench clean
 
 setup: $(STAMP)
 
@@ -45,6 +46,19 @@ test: setup sandbox
 # the slowest tests (grading the real Lab 00 and a class of 15, launches over and over): CI runs them after `make test`
 test-slow: setup sandbox
 	$(BIN)/python -m pytest tests -m slow -p no:cacheprovider
+
+# The distributed tests and every solution notebook with gloo keeping NCCL's rules
+# (course_lib/runtime/nccl_rules.py): what would hang or break on a GPU cluster fails here
+RULES_TESTS ?= tests/collectives tests/ddp tests/fsdp tests/pipeline tests/tp tests/hybrid \
+	tests/test_comm.py tests/test_mesh.py tests/runtime/test_nccl_rules.py solutions
+test-nccl-rules: setup
+	COURSE_LIB_NCCL_RULES=1 $(BIN)/python -m pytest $(RULES_TESTS) -p no:cacheprovider --durations=10
+
+# One GPU (what a one-GPU machine can check): every solution notebook on NCCL at world
+# size 1, quick setting, and the CUDA paths of a rank (devices, streams, events, memory)
+test-gpu1: setup
+	$(BIN)/python -m course_lib.grading.runall --quick --nproc 1 --backend nccl --out runs/gpu1
+	$(BIN)/python -m pytest tests/gpu/test_one_gpu.py -v -rs -p no:cacheprovider
 
 # NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
 test-gpu: setup

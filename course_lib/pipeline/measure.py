@@ -10,6 +10,10 @@ t_f and its backward t_b of wall time while leaving the CPU free (it sleeps,
 as a host waits for a GPU). On a 2-core machine four ranks doing real
 arithmetic share two cores and distort each other's timings; stages that
 sleep do not, so the measured bubble can be held against (p-1)/(m+p-1).
+On a GPU rank a receive returns once it is *enqueued*: before sleeping, a stage
+waits on the device for its input to have arrived (:func:`~course_lib.sync`),
+as the kernels it stands for would; without that the sleeps would overlap the
+transfers they should follow, and the bubble would collapse toward 0.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from course_lib.pipeline.schedules import Action
+from course_lib.runtime.device import sync
 from course_lib.trace.metrics import total
 
 
@@ -29,12 +34,14 @@ class _Sleep(torch.autograd.Function):
     def forward(ctx, x, weight, t_f, t_b):
         ctx.save_for_backward(x, weight)
         ctx.t_b = t_b
+        sync()  # the input has arrived (on a GPU, a received tensor is ready only then)
         time.sleep(t_f)
         return x * weight
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
+        sync()  # the gradient from the next stage has arrived
         time.sleep(ctx.t_b)
         return grad * weight, (grad * x).sum().reshape(weight.shape), None, None
 

@@ -51,3 +51,28 @@ def test_span_times_the_device_not_the_enqueue():
     assert matmuls.duration > enqueued  # a host-clock span would last about `enqueued`
     (all_reduce,) = res.trace.select(name="all_reduce")
     assert all_reduce.end >= all_reduce.start >= matmuls.end
+
+
+def helper_thread_job():
+    """The rank's helper thread computes on a stream of its own, and a handle's wait()
+    orders the caller's stream after it (no host synchronisation needed)."""
+    from course_lib.handle import Handle
+
+    main_stream = torch.cuda.current_stream()
+    x = torch.zeros(1 << 22)
+
+    def slow_fill(t):
+        for _ in range(20):  # long enough to be still running when the main thread reads
+            t.add_(torch.ones_like(t))
+        return torch.cuda.current_stream().stream_id
+
+    handle = Handle.on_thread(None, slow_fill, x)
+    handle.wait()
+    helper_stream = handle._future.value()
+    total = x.sum().item()  # on the main stream, ordered after the helper's by wait()
+    return helper_stream != main_stream.stream_id, total
+
+
+def test_the_helper_thread_has_its_own_stream_and_wait_orders_the_caller():
+    (own_stream, total), = run(helper_thread_job, nproc=1, backend="nccl", timeout=120)
+    assert own_stream and total == 20 * (1 << 22)
