@@ -102,14 +102,15 @@ def _read_only_paths():
 
 def _bwrap_command(workdir, env):
     command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all",
-               "--hostname", "localhost", "--uid", "65534", "--gid", "65534", "--clearenv"]
+               "--hostname", "localhost", "--uid", "65534", "--gid", "65534", "--clearenv",
+               # the private /tmp first: the course (or its environment) may live under it
+               "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
     for path in _read_only_paths():
         if os.path.islink(path) and path.count("/") == 1:  # /bin -> usr/bin on merged /usr
             command += ["--symlink", os.readlink(path), path]
         else:
             command += ["--ro-bind", path, path]
-    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-                "--dir", "/tmp/mpl", "--dir", "/tmp/home"]
+    command += ["--dir", "/tmp/mpl", "--dir", "/tmp/home"]
     fonts = _font_cache()
     if fonts is not None:  # without it matplotlib rebuilds its font list: seconds per notebook
         command += ["--ro-bind", str(fonts), f"/tmp/mpl/{fonts.name}"]

@@ -30,7 +30,10 @@ from pathlib import Path
 from course_lib.runtime import nccl_rules, procs
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]")
-MARKER_LINE = re.compile(r"^\x1fcourse_lib (\w+) (\d+) (\d+)$")  # kind, task, rank
+# kind, task, rank. Found anywhere in a line: C++ code in a rank (a profiler, glog) writes
+# to the same pipe without Python's buffering, and a partial line of its own can come
+# first; the marker itself is one write, so nothing lands inside it.
+MARKER_LINE = re.compile(r"\x1fcourse_lib (\w+) (\d+) (\d+)$")
 # Spare time after a deadline to collect stacks: bounded too.
 STACK_GRACE_S = 3.0
 # After torchrun exits, lines still in the pipe are read for at most this long
@@ -132,8 +135,10 @@ class Job:
             if line is None:  # end of output: the job has exited or is about to
                 self.proc.wait()
                 return "exited"
-            found = MARKER_LINE.match(line.rstrip("\n"))
+            found = MARKER_LINE.search(line.rstrip("\n"))
             if found:
+                if found.start():  # what another writer had begun on the same line
+                    self.log.append(line[:found.start()] + "\n")
                 kind, task, rank = found.group(1), int(found.group(2)), int(found.group(3))
                 if on_marker is not None and on_marker(kind, task, rank):
                     return "done"

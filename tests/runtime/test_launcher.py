@@ -518,3 +518,15 @@ def test_dead_kernel_takes_its_job_with_it(tmp_path):
     while stray_processes() and time.time() < deadline:
         time.sleep(0.2)
     assert not stray_processes()
+
+
+def leaves_a_partial_line():
+    """What C++ code in a rank (a profiler, glog) can do: write to the rank's stderr
+    without a newline, just before the call returns."""
+    os.write(2, b"[W a warning from C++, unfinished")
+    return dist.get_rank()
+
+
+def test_a_rank_leaving_a_partial_line_still_finishes_its_call():
+    assert run(leaves_a_partial_line, nproc=2, timeout=30) == [0, 1]
+    assert run(leaves_a_partial_line, nproc=2, timeout=30) == [0, 1]  # and the next one
