@@ -29,6 +29,7 @@ from pathlib import Path
 
 from course_lib.runtime import nccl_rules, procs
 
+AGENT = Path(__file__).resolve().with_name("agent.py")
 RANK_LINE = re.compile(r"^\[rank(\d+)\]")
 # kind, task, rank. Found anywhere in a line: C++ code in a rank (a profiler, glog) writes
 # to the same pipe without Python's buffering, and a partial line of its own can come
@@ -72,7 +73,7 @@ class Job:
         options = [f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1"]
         if spec["mode"] != "script" and self.backend == "gloo" and not spec.get("nccl_rules"):
             # torchrun with the ranks forked from it (torch imported once): agent.py
-            return [sys.executable, "-m", "course_lib.runtime.agent", *options, str(self.dir)]
+            return [sys.executable, str(AGENT), *options, str(self.dir)]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *options,
                 "-m", "course_lib.runtime.worker", str(self.dir)]
 

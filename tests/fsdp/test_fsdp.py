@@ -44,14 +44,14 @@ def single_process(world):
     return model.state_dict()
 
 
-def train(sharding, prefetch=1, hybrid=False, prefetch_plan=None, units=None):
+def train(sharding, prefetch=1, hybrid=False, prefetch_plan=None, units=None, collectives="torch"):
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = None
     if hybrid:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     model = FSDP(_model(), units=units or by_type(Block), sharding=sharding, prefetch=prefetch,
-                 mesh=mesh, prefetch_plan=prefetch_plan)
+                 mesh=mesh, prefetch_plan=prefetch_plan, collectives=collectives)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     x, y = _batch(world)
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
@@ -77,9 +77,13 @@ def test_fsdp_trains_as_one_process_on_the_whole_batch(sharding, world):
             torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=2e-5)
 
 
-def test_hybrid_shard_on_a_2x2_mesh():
+@pytest.mark.parametrize("collectives", ["torch", "ring"])
+def test_hybrid_shard_on_a_2x2_mesh(collectives):
+    """With the ring, the shard group's gathers and the replicate group's all-reduces are
+    issued by one thread in one order (NCCL's rule across communicators)."""
     want = single_process(4)
-    for state, _, _ in run(train, "hybrid", hybrid=True, nproc=4, timeout=180):
+    for state, _, _ in run(train, "hybrid", hybrid=True, collectives=collectives, nproc=4,
+                           timeout=180):
         for name, tensor in want.items():
             torch.testing.assert_close(state[name], tensor, rtol=1e-5, atol=2e-5)
 

@@ -226,7 +226,7 @@ def _batch(dp):
     return H.seeded(30, ROWS * dp, S, D), H.seeded(31, ROWS * dp, S, D)
 
 
-def train_on_mesh():
+def train_on_mesh(kind="torch"):
     from course_lib.ddp import DDP
     from course_lib.mesh import ParallelDims
     from course_lib.tp import parallelize_block
@@ -235,8 +235,10 @@ def train_on_mesh():
     tp, dp = dims.group("tp"), dims.group("dp")
     stack = dense_stack()
     for block in stack:
-        parallelize_block(block, tp)
-    model = DDP(stack, process_group=dp)
+        parallelize_block(block, tp, collectives=kind)
+    # with the ring, TP's blocking all-reduces and DDP's asynchronous buckets share the
+    # rank's one issuing thread: NCCL's order across the two groups (test-nccl-rules)
+    model = DDP(stack, process_group=dp, all_reduce=kind)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     x, y = _batch(2)
     mine = slice(dims.coords.dp * ROWS, (dims.coords.dp + 1) * ROWS)
@@ -250,7 +252,8 @@ def train_on_mesh():
     return coords.dp, coords.tp, params
 
 
-def test_tp2_inside_a_2x2_mesh_trains_as_one_process_on_the_whole_batch():
+@pytest.mark.parametrize("kind", KINDS)
+def test_tp2_inside_a_2x2_mesh_trains_as_one_process_on_the_whole_batch(kind):
     dense = dense_stack()
     opt = torch.optim.SGD(dense.parameters(), lr=LR)
     x, y = _batch(2)
@@ -259,7 +262,7 @@ def test_tp2_inside_a_2x2_mesh_trains_as_one_process_on_the_whole_batch():
         F.mse_loss(dense(x), y).backward()
         opt.step()
     want = {n: p.detach() for n, p in dense.named_parameters()}
-    outs = run(train_on_mesh, nproc=4, timeout=180)
+    outs = run(train_on_mesh, kind, nproc=4, timeout=180)
     assert sorted((dp, tp) for dp, tp, _ in outs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for dp, tp, params in outs:
         for name, full in want.items():
