@@ -22,6 +22,9 @@ os.environ[SESSION_VAR] = uuid.uuid4().hex
 SESSION_TMP = Path(tempfile.mkdtemp(prefix="course-tests-"))
 os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = None
+# Tests run at world sizes 1 to 8, module after module: keep more warm jobs than a kernel
+# needs (3), so that fewer calls pay for a cold start (tests of the limit set their own)
+os.environ.setdefault("COURSE_LIB_WARM_MAX", "6")
 
 
 def job_processes():

@@ -16,6 +16,7 @@ def test_size_parsing_and_ranges():
     assert bc.size_range("1M", factor=2) == [1 << 20]
 
 
+@pytest.mark.slow
 def test_collectives_benchmark_table_side_by_side(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "course_lib.bench", "collectives", "--nproc", "3",

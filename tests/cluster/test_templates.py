@@ -57,6 +57,7 @@ def read(path):
     return list(csv.DictReader(path.open()))
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_array_tasks_grade_their_slices_and_the_merge_makes_one_gradebook(tmp_path):
     small_class(tmp_path)

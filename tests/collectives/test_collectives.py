@@ -89,7 +89,8 @@ def test_all_reduce_and_reduce_match_torch_everywhere(world):
     assert problems == [[]] * world
 
 
-@pytest.mark.parametrize("world", [1, 4, 5, 8])
+@pytest.mark.parametrize("world", [1, 4, pytest.param(5, marks=pytest.mark.slow),
+                                   pytest.param(8, marks=pytest.mark.slow)])
 def test_all_reduce_other_world_sizes(world):
     problems = run(all_reduce_matrix, [0, 1, world + 1, 997], [torch.float32, torch.int64],
                    [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT],
@@ -137,7 +138,7 @@ def one_to_all_and_scatter_gather(sizes):
     return problems
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_broadcast_reduce_scatter_all_gather_match_torch(world):
     problems = run(one_to_all_and_scatter_gather, [0, 1, 7, 1000], nproc=world, timeout=300)
     assert problems == [[]] * world
@@ -176,7 +177,8 @@ def counted(fn_name, numel, segments=None):
     return stats.sent_messages, stats.sent_bytes, stats.recv_messages, stats.recv_bytes
 
 
-@pytest.mark.parametrize("world,numel", [(2, 1000), (3, 1000), (4, 1003), (5, 12)])
+@pytest.mark.parametrize("world,numel", [(2, 1000), (3, 1000), (4, 1003),
+                                         pytest.param(5, 12, marks=pytest.mark.slow)])
 def test_ring_all_reduce_sends_2_n_minus_1_chunks(world, numel):
     nbytes = 4 * numel
     for msgs, sent, rmsgs, received in run(counted, "all_reduce", numel, nproc=world):

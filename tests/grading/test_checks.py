@@ -102,6 +102,7 @@ def returns_early_on_rank_one():
      "Hint: rank 0 waits in barrier(), which rank 1 never joined (rank 1 had already returned "
      "from your function)."),
 ])
+@pytest.mark.slow
 def test_a_hang_in_a_collective_is_told_from_an_unmatched_send_or_recv(fn, kind, hint):
     run(int, nproc=2)  # start the job first: the short timeout is for the hang alone
     with pytest.raises(checks.CheckFailed) as info:
@@ -120,6 +121,7 @@ def collective_of_another_size():
     dist.all_reduce(torch.ones(10 + dist.get_rank()))
 
 
+@pytest.mark.slow
 def test_a_collective_the_backend_aborts_is_explained():
     """gloo does not hang on a size mismatch: it aborts the rank (no Python error)."""
     run(int, nproc=2)

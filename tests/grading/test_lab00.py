@@ -25,6 +25,7 @@ def ready():
     return dist.get_rank()
 
 
+@pytest.mark.slow
 def test_mismatched_collectives_hang_on_gloo_and_the_stacks_show_both_calls():
     # start the ranks first: on a busy machine a cold start alone can outlast the
     # short timeout, and then no rank has reached a collective to show in its stack
@@ -37,6 +38,7 @@ def test_mismatched_collectives_hang_on_gloo_and_the_stacks_show_both_calls():
     assert "in broadcast" in stacks[1] and "in all_reduce" not in stacks[1]
 
 
+@pytest.mark.slow
 def test_distributed_debug_detail_reports_the_mismatch(monkeypatch):
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
     with pytest.raises(LaunchError) as info:

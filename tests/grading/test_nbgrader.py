@@ -87,6 +87,7 @@ def test_stamping_touches_only_cell_metadata(tmp_path):
     assert copy.read_text() == SOLUTIONS[0].read_text()
 
 
+@pytest.mark.slow
 def test_nbgrader_generate_assignment_accepts_a_lab(tmp_path):
     """A course on nbgrader takes a solution as a source notebook, as it comes."""
     source = tmp_path / "source" / "lab00"

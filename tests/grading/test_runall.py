@@ -38,6 +38,7 @@ def lab_like(folder):
     nbformat.write(nb, folder / "98_small.ipynb")
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_papermill_runs_a_lab_with_parameters_and_leaves_timelines_and_traces(tmp_path):
     """The runner on a notebook shaped like a lab (nbval already runs the labs themselves
@@ -59,6 +60,7 @@ def test_papermill_runs_a_lab_with_parameters_and_leaves_timelines_and_traces(tm
     assert float(row["seconds"]) > 0
 
 
+@pytest.mark.slow
 def test_a_failing_notebook_fails_the_run(tmp_path):
     nb = new_notebook(cells=[new_code_cell("QUICK = False\nNPROC = 2\nBACKEND = 'auto'\n"
                                            "OUTPUT_DIR = '.'"),

@@ -52,6 +52,7 @@ def test_a_grandchild_holding_the_pipe_does_not_turn_success_into_a_timeout():
     assert not stray_processes()
 
 
+@pytest.mark.slow
 def test_a_script_leaving_a_grandchild_still_returns(tmp_path):
     script = tmp_path / "spawner.py"
     script.write_text("import subprocess\nsubprocess.Popen(['sleep', '60'])\nprint('spawned')\n")
@@ -59,6 +60,7 @@ def test_a_script_leaving_a_grandchild_still_returns(tmp_path):
     assert not stray_processes()
 
 
+@pytest.mark.slow
 def test_a_failing_clean_up_does_not_hide_the_ranks_error(monkeypatch):
     real_kill = procs.kill_job
 

@@ -49,6 +49,7 @@ def test_kwargs_and_collective_inside():
     assert run(summed, 1, extra=10, nproc=3) == [36.0] * 3  # (0+1+2) + 3*11
 
 
+@pytest.mark.slow
 def test_function_defined_in_a_real_main_module(tmp_path):
     """What a notebook does: a function in __main__ using a __main__ global."""
     script = tmp_path / "nb.py"
@@ -126,6 +127,7 @@ def wait_on_an_irecv():
     comm.irecv(torch.zeros(2), peer).wait()  # traced: a helper thread waits on the work
 
 
+@pytest.mark.slow
 def test_timeout_stacks_leave_out_the_helper_threads():
     run(int, nproc=2)  # start the job first: the short timeout is for the hang alone
     with pytest.raises(LaunchTimeout) as info:
@@ -438,6 +440,7 @@ def test_launches_in_a_row_free_their_ports(monkeypatch):
     assert len(set(ports)) > 1  # a fresh port per launch
 
 
+@pytest.mark.slow
 def test_rendezvous_port_is_free_after_failure_and_timeout():
     with pytest.raises(LaunchTimeout) as info:
         run(wait_for_left_neighbour, nproc=2, timeout=5)
@@ -455,6 +458,7 @@ def test_run_cell_executes_source_on_every_rank(capsys):
         assert f"[rank{r}] sum 3.0 3" in out
 
 
+@pytest.mark.slow
 def test_run_script_passes_argv_and_reports_failure(tmp_path, capsys):
     good = tmp_path / "good.py"
     good.write_text(textwrap.dedent("""
@@ -477,6 +481,7 @@ def test_run_script_passes_argv_and_reports_failure(tmp_path, capsys):
         run_script(tmp_path / "nope.py")
 
 
+@pytest.mark.slow
 def test_keyboard_interrupt_kills_the_job():
     def sleepy():
         time.sleep(60)
@@ -493,6 +498,7 @@ def test_keyboard_interrupt_kills_the_job():
     assert not stray_processes()
 
 
+@pytest.mark.slow
 def test_dead_kernel_takes_its_job_with_it(tmp_path):
     """A kernel killed with SIGKILL (a restart) must not leave ranks running."""
     script = tmp_path / "kernel.py"

@@ -35,6 +35,7 @@ def test_later_calls_reuse_the_same_ranks():
     assert pids(fresh=True) != first  # fresh=True: a brand-new job
 
 
+@pytest.mark.slow
 def test_fifty_warm_calls_in_a_row_are_correct():
     def summed(i):
         t = torch.tensor([float(dist.get_rank() + i)])
@@ -45,6 +46,7 @@ def test_fifty_warm_calls_in_a_row_are_correct():
         assert run(summed, i, nproc=3, timeout=60) == [3.0 + 3 * i] * 3, i
 
 
+@pytest.mark.slow
 def test_each_world_size_keeps_its_job_up_to_the_limit(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_WARM_MAX", "2")
     shutdown()
@@ -58,6 +60,7 @@ def test_each_world_size_keeps_its_job_up_to_the_limit(monkeypatch):
     assert pids(nproc=2) == two and pids(nproc=1) == one
 
 
+@pytest.mark.slow
 def test_one_warm_job_replaces_another_when_the_limit_is_one(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_WARM_MAX", "1")
     two = pids(nproc=2)
@@ -78,6 +81,7 @@ def wait_for_nobody():
     dist.recv(torch.zeros(1), (dist.get_rank() + 1) % dist.get_world_size())
 
 
+@pytest.mark.slow
 def test_a_call_after_a_timeout_uses_a_fresh_job():
     before = pids()
     with pytest.raises(LaunchTimeout) as info:
@@ -88,6 +92,7 @@ def test_a_call_after_a_timeout_uses_a_fresh_job():
     assert set(before).isdisjoint(after)
 
 
+@pytest.mark.slow
 def test_a_call_after_an_interrupt_uses_a_fresh_job():
     before = pids()
 
@@ -206,6 +211,7 @@ def wait_until_gone(ranks, limit_s=20):
     return [(p.pid, p.pid in ranks) for p in alive]
 
 
+@pytest.mark.slow
 def test_the_job_ends_when_the_interpreter_exits(tmp_path):
     proc = run_kernel(tmp_path, """
         import os
@@ -224,6 +230,7 @@ def launched_by(folder, pid):
         return False
 
 
+@pytest.mark.slow
 def test_an_idle_job_ends_by_itself(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, time
@@ -243,6 +250,7 @@ def test_an_idle_job_ends_by_itself(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_job_started_from_a_thread_still_dies_with_the_kernel(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, threading, time
@@ -263,6 +271,7 @@ def test_a_job_started_from_a_thread_still_dies_with_the_kernel(tmp_path):
     assert not wait_until_gone(ranks)
 
 
+@pytest.mark.slow
 def test_warm_ranks_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_WARM", "0")
     first, second = pids(), pids()
@@ -270,6 +279,7 @@ def test_warm_ranks_can_be_turned_off(monkeypatch):
     assert not warm.current_job_ids() and not stray_processes()
 
 
+@pytest.mark.slow
 def test_two_kernels_keep_their_own_jobs(tmp_path):
     body = """
         import os, sys, torch, torch.distributed as dist

@@ -1,9 +1,11 @@
+import pytest
 """The tensor-parallel benchmark end to end (tiny sizes): shape of its output, never time."""
 import json
 import subprocess
 import sys
 
 
+@pytest.mark.slow
 def test_tp_benchmark_compares_ours_torch_and_dense_in_one_job(tmp_path):
     out = tmp_path / "tp.json"
     proc = subprocess.run([sys.executable, "-m", "course_lib.bench", "tp", "--nproc", "2",

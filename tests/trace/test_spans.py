@@ -277,6 +277,7 @@ def test_device_async_span_ends_at_the_last_completion():
     for _ in range(5):
         tracer.clock()  # time passes before the second part completes
     second.future.set_result(None)
+    returned.wait()  # both works, waited one by one (by a waiter thread: no collect_all)
     assert returned.is_completed()
     pair = spans_by_name(tracer)["pair"]
     # ticks: t0 0, start mark 10, idle 20-60; the end is marked after the second completes
