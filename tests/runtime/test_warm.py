@@ -108,6 +108,7 @@ def test_a_call_after_an_interrupt_uses_a_fresh_job():
 
 
 def test_shutdown_ends_every_process_of_the_job():
+    shutdown()  # earlier tests of the session may have left jobs of other sizes warm
     pids(nproc=2)
     pids(nproc=3)
     assert len(warm.current_job_ids()) == 2
