@@ -157,7 +157,10 @@ class Source:
                         line = f"{label} {how} {hit}"
                         if line not in found:
                             found.append(line)
-                    elif "." not in path:  # a name of the notebook's: follow its definition
+                    elif "." not in path and path not in aliases:
+                        # a name the notebook defines: follow its definition (an imported
+                        # name is already resolved through ``aliases``; following it would
+                        # read every other import of its cell)
                         todo.append((f"{label} -> {path}", self._defining(path, before)))
         return found
 

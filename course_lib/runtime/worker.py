@@ -107,7 +107,19 @@ def map_tensors(fn, value):
 
 def to_cpu(value):
     """Everything a rank returns travels to the notebook on CPU, detached."""
-    return map_tensors(lambda t: t.detach().cpu(), value)
+    return map_tensors(_to_cpu_tensor, value)
+
+
+def _to_cpu_tensor(t):
+    import torch
+
+    moved = t.detach()
+    moved = moved.cpu() if isinstance(moved, torch.Tensor) else moved
+    if not isinstance(moved, torch.Tensor):  # a subclass's __torch_function__ answered
+        kind = f"{type(t).__module__}.{type(t).__qualname__}"
+        raise TypeError(f"the function returned a {kind}, a subclass of torch.Tensor whose "
+                        f"detach().cpu() gave a {type(moved).__name__}: return a plain tensor")
+    return moved
 
 
 def _user_traceback(exc):

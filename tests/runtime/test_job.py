@@ -110,3 +110,19 @@ def test_results_keep_their_structure_across_the_process_boundary():
     state, pair = run(state_of_a_layer, nproc=2)[1]
     assert type(state) is collections.OrderedDict and list(state) == ["weight", "bias"]
     assert type(pair) is Pair and pair.left == 1 and not pair.right.requires_grad
+
+
+class Agreeable(torch.Tensor):
+    """A subclass whose every torch function answers True (a grading tamper)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return True
+
+
+def test_a_tensor_subclass_that_answers_for_torch_is_refused_by_name():
+    from course_lib.runtime.worker import to_cpu
+
+    assert to_cpu({"w": torch.nn.Parameter(torch.ones(2))})["w"].tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="Agreeable, a subclass of torch.Tensor"):
+        to_cpu([torch.zeros(3).as_subclass(Agreeable)])

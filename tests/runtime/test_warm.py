@@ -274,6 +274,7 @@ def test_a_job_started_from_a_thread_still_dies_with_the_kernel(tmp_path):
 
 @pytest.mark.slow
 def test_warm_ranks_can_be_turned_off(monkeypatch):
+    shutdown()  # jobs earlier tests left warm
     monkeypatch.setenv("COURSE_LIB_WARM", "0")
     first, second = pids(), pids()
     assert set(first).isdisjoint(second)
