@@ -43,6 +43,7 @@ import cloudpickle
 import psutil
 
 from course_lib.grading.collector import HEADER, write_message
+from course_lib.runtime import procs
 
 RUN_MARKER = "COURSE_LIB_GRADING_RUN"
 MAX_REPLY = 1 << 31
@@ -267,7 +268,7 @@ class Sandbox:
                 continue
         if self.proc.poll() is None:
             self.proc.kill()
-        psutil.wait_procs(left, timeout=10)
+        procs.wait_dead(left, 10)
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
             try:

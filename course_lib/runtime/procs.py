@@ -12,6 +12,7 @@ import json
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -74,7 +75,7 @@ def kill_job(proc, job_id, timeout=10.0):
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    alive = wait_dead(procs, timeout)
     try:
         proc.wait(timeout=timeout)
     except Exception:
@@ -83,6 +84,28 @@ def kill_job(proc, job_id, timeout=10.0):
         proc.stdout.close()
     if alive:
         raise RuntimeError(f"processes of job {job_id} survived SIGKILL: {[p.pid for p in alive]}")
+
+
+def wait_dead(processes, timeout):
+    """Wait until each of ``processes`` has gone or is a zombie; return those still alive.
+    A killed rank whose parent died with it is reaped by init, which may take its
+    time (seconds here): dead is what matters, not reaped."""
+    deadline = time.monotonic() + timeout
+    alive = list(processes)
+    while True:
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def _running(proc):
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.Error:  # not ours to read: alive while its pid is
+        return psutil.pid_exists(proc.pid)
 
 
 def launcher_alive(job_dir):
