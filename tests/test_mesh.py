@@ -110,7 +110,8 @@ def build_each(shapes):
 
 @pytest.mark.parametrize("world, shapes", [
     (4, [dict(dp=2, tp=2), dict(pp=2, dp=2), dict(tp=4)]),
-    (6, [dict(dp=2, tp=3), dict(dp=3, tp=2), dict(pp=3, tp=2)]),
+    pytest.param(6, [dict(dp=2, tp=3), dict(dp=3, tp=2), dict(pp=3, tp=2)],
+                 marks=pytest.mark.slow),  # 6 ranks on 2 cores: `make test-slow`
 ], ids=["4 ranks", "6 ranks"])
 def test_build_agrees_with_the_arithmetic_and_its_groups_reduce(world, shapes):
     out = run(build_each, shapes, nproc=world, backend="gloo", timeout=180)

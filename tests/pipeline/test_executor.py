@@ -116,7 +116,7 @@ def _expected_bytes(kind, s, p, m):
     return forward, backward
 
 
-@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("p", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_pipeline_trains_as_one_process_on_the_whole_batch(p):
     want = {kind: single_process(kind) for kind in ("mlp", "gpt")}
     cases = _cases(p)
