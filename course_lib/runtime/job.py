@@ -80,8 +80,8 @@ class Job:
     def _env(self, extra, rules=False):
         env = dict(os.environ)
         env.pop(nccl_rules.ENV, None)
-        if rules:  # course_lib's rules, and torch's check of collectives across ranks
-            env.update({nccl_rules.ENV: "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+        if rules:  # course_lib.runtime.nccl_rules
+            env[nccl_rules.ENV] = "1"
         env[procs.MARKER] = self.id
         env["COURSE_BACKEND"] = self.backend
         env["PYTHONUNBUFFERED"] = "1"

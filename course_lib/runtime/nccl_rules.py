@@ -16,8 +16,13 @@ and the call, what NCCL forbids and gloo forgives:
    communicators in different orders can deadlock: two threads issuing at once
    have no order.
 3. **The same collectives, in the same order, with the same shapes, on every
-   rank of a group**: torch's own check (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, set
-   for the job), which names both calls.
+   rank of a group**: before its n-th collective on a group, a rank posts what it
+   calls (name, shape, dtype) in the job's store and reads the others' n-th; a
+   difference names both calls. (Not torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``:
+   on gloo it counts point-to-point messages in the same sequence as collectives,
+   so ranks that sent different numbers of messages "mismatch", and torch's DDP
+   crashes under it.) A rank that never comes leaves the others waiting there, as
+   NCCL would: the job's timeout reports the stacks.
 4. **No future from a coalesced message**: NCCL's ``batch_isend_irecv`` returns
    works without one. Its works refuse ``get_future()``, and course_lib's
    ``comm.exchange`` takes NCCL's path (``batch_isend_irecv``) on gloo too.
@@ -32,8 +37,10 @@ from rank to rank as it would on a cluster.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
+import types
 
 import torch
 import torch.distributed as dist
@@ -48,6 +55,11 @@ _installed = False
 _lock = threading.Lock()
 _in_flight: dict = {}  # thread id -> [(what, work or None: a blocking call running)]
 destroyed: list = []  # names of the groups destroyed on this rank, in order
+_issued: dict = {}  # group name -> collectives this rank issued on it in this call
+_call = [0]  # the number of the job's call being served (warm ranks serve many)
+# collectives whose tensors may differ in shape from rank to rank
+_UNEVEN = ("all_to_all", "all_to_all_single", "all_gather_object", "broadcast_object_list",
+           "gather_object", "scatter_object_list")
 
 
 class NcclRuleError(Exception):
@@ -152,10 +164,67 @@ def _p2p(original, name):
     return wrapper
 
 
+def begin_call(number):
+    """A warm rank starts serving call ``number``: collectives count from 1 again."""
+    with _lock:
+        _issued.clear()
+        _call[0] = number
+
+
+def _fingerprint(name, bound):
+    """What the ranks of a group must agree on: the call, and its tensor's shape and dtype."""
+    tensor = next((v for v in bound.arguments.values() if isinstance(v, torch.Tensor)), None)
+    if tensor is None or name in _UNEVEN:
+        return f"{name}()"
+    return f"{name}() of a {list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')} tensor"
+
+
+def _await_peers(store, keys):
+    store.wait(keys)
+
+
+# The wait for the other ranks' calls, as a frame named after the collective: a hang
+# report reads "waits in all_reduce()" (course_lib.runtime.stacks knows this module).
+_AWAIT = {name: types.FunctionType(_await_peers.__code__.replace(co_name=name),
+                                   _await_peers.__globals__, name)
+          for name in COLLECTIVES}
+
+
+def _check_same_call(name, bound):
+    """Rule 3: this rank's n-th collective on the group is the others' n-th."""
+    group = bound.arguments.get("group")
+    group = group if group is not None else dist.GroupMember.WORLD
+    if dist.get_rank(group) < 0:  # not a member: torch returns without a collective
+        return
+    c10d = dist.distributed_c10d
+    group_name = c10d._get_process_group_name(group)
+    with _lock:
+        count = _issued[group_name] = _issued.get(group_name, 0) + 1
+    mine = _fingerprint(name, bound)
+    store, me = c10d._get_default_store(), dist.get_rank()
+    prefix = f"rules/calls/{_call[0]}/{group_name}/{count}/"
+    store.set(prefix + str(me), mine)
+    peers = [r for r in dist.get_process_group_ranks(group) if r != me]
+    _AWAIT[name](store, [prefix + str(r) for r in peers])
+    for peer in peers:
+        theirs = store.get(prefix + str(peer)).decode()
+        if theirs != mine:
+            raise NcclRuleError(
+                f"NCCL rule (the same collectives in the same order): the collective number "
+                f"{count} on {_name(group)} is {mine} on rank {me} but {theirs} on rank "
+                f"{peer}. NCCL would hang or mix the data up: every rank of a group must "
+                f"issue the same collectives, in the same order, with the same shapes.")
+
+
 def _collective(original, name):
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         _no_cpu_tensors(name, list(args) + list(kwargs.values()))
+        bound = signature.bind(*args, **kwargs)
+        _check_thread(f"{name}()")
+        _check_same_call(name, bound)
         return _track(f"{name}()", lambda: original(*args, **kwargs))
     return wrapper
 

@@ -115,7 +115,12 @@ def launcher_alive(job_dir):
         pid = json.loads((Path(job_dir) / "spec.json").read_text())["launcher_pid"]
     except (OSError, ValueError, KeyError):
         return True
-    return psutil.pid_exists(pid)
+    try:  # a kernel that has died but not yet been reaped has gone all the same
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def remove_folder(job_dir):

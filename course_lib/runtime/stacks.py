@@ -48,6 +48,7 @@ COLLECTIVE_OPS = frozenset({
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "exchange",
                      "exchange_async", "send_object_list", "recv_object_list"})
 WAIT_OPS = frozenset({"wait", "wait_all"})
+_RULES = "course_lib.runtime.nccl_rules"
 _WRAPPERS = frozenset({"wrapper", "inner", "decorate_context", "_fn"})  # decorators' frames
 
 
@@ -119,8 +120,8 @@ class Frame:
         if origin == "torch":
             if not re.search(r"/torch/(distributed|futures)/", self.path):
                 return None
-        elif origin != "course_lib":
-            return None
+        elif origin != "course_lib" and _course_lib_module(self.path) != _RULES:
+            return None  # (NCCL's rules wait for the other ranks in a frame named after the op)
         name = self.func.lstrip("_")
         return name if name in COLLECTIVE_OPS or name in P2P_OPS or name in WAIT_OPS else None
 

@@ -75,13 +75,32 @@ def _watch_launcher(pid, job, rank, forked):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            if rank == 0 and not forked:
-                from course_lib.runtime import procs
-
-                procs.remove_folder(job)
+            if not forked:
+                _remove_orphaned_folder(job, rank)
             os._exit(3)
         except PermissionError:
             pass
+
+
+def _remove_orphaned_folder(job, rank):
+    """Rank 0 of a torchrun job whose kernel has gone removes the job's folder, once the
+    other ranks have ended (torchrun died with the kernel, and its store with it: the
+    ranks' next read fails, often before their watcher notices)."""
+    from course_lib.runtime import procs
+
+    if rank != 0 or procs.launcher_alive(job):
+        return
+    import psutil
+
+    others = []
+    for path in job.glob("pid*"):
+        try:
+            if int(path.read_text()) != os.getpid():
+                others.append(psutil.Process(int(path.read_text())))
+        except (OSError, ValueError, psutil.Error):
+            continue
+    procs.wait_dead(others, 10)
+    procs.remove_folder(job)
 
 
 def map_tensors(fn, value):
@@ -143,10 +162,13 @@ def _run_call(job, task, rank):
     import torch.distributed as dist
 
     from course_lib import trace
+    from course_lib.runtime import nccl_rules
     from course_lib.runtime.backend import current_device
 
     obj = cloudpickle.loads((job / f"task{task['id']}.pkl").read_bytes())
     trace.start()
+    if nccl_rules.active():  # the call's own collectives count from 1 (after trace's barrier)
+        nccl_rules.begin_call(task["id"])
     if task["mode"] == "fn":
         fn, args, kwargs = obj
         result = fn(*args, **kwargs)
@@ -251,6 +273,9 @@ def main(job_dir=None):
             code = _report(job, rank, exc)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the notebook
         code = _report(job, rank, exc)
+    finally:  # (reporting to a kernel that has died raises BrokenPipeError)
+        if not forked:
+            _remove_orphaned_folder(job, rank)
     sys.stdout.flush()
     sys.stderr.flush()
     if forked and code == 0:

@@ -33,7 +33,7 @@ def tags_matter():
 
 
 def test_messages_are_matched_by_order_not_by_tag():
-    assert run(tags_matter, nproc=2)[1] == ([1.0] * 3, [2.0] * 3)  # gloo: tags work
+    assert run(tags_matter, nproc=2, nccl_rules=False)[1] == ([1.0] * 3, [2.0] * 3)  # gloo
     assert run_under_rules(tags_matter)[1] == ([2.0] * 3, [1.0] * 3)  # NCCL: posting order
 
 
@@ -126,5 +126,39 @@ def collectives_in_different_orders():
 
 
 def test_collectives_in_different_orders_are_named():
-    with pytest.raises(LaunchError, match="Detected mismatch between collectives"):
+    with pytest.raises(LaunchError, match=r"NCCL rule \(the same collectives in the same "
+                                          r"order\): the collective number 1 on the world is "
+                                          r"(all_reduce|broadcast)\(\) of a \[4\] float32 "
+                                          r"tensor on rank \d but (all_reduce|broadcast)"):
         run_under_rules(collectives_in_different_orders, timeout=60)
+
+
+def shapes_differ_and_messages_are_uneven():
+    """Rank 0 sends more messages than the others (gloo's DETAIL check counted those),
+    then the ranks all-reduce tensors of different lengths."""
+    rank = dist.get_rank()
+    if rank == 0:
+        comm.send(torch.ones(2), 1)
+    elif rank == 1:
+        comm.recv(torch.empty(2), 0)
+    dist.all_reduce(torch.ones(3))  # same shapes, uneven messages before: accepted
+    dist.all_reduce(torch.ones(3 + rank))
+
+
+def test_collectives_of_different_shapes_are_named_and_uneven_messages_are_not():
+    with pytest.raises(LaunchError, match=r"collective number 2 on the world is all_reduce\(\) "
+                                          r"of a \[\d\] float32 tensor on rank \d but "
+                                          r"all_reduce\(\) of a \[\d\] float32 tensor"):
+        run_under_rules(shapes_differ_and_messages_are_uneven, nproc=3, timeout=60)
+
+
+def one_rank_skips_the_barrier():
+    if dist.get_rank() == 0:
+        dist.barrier()
+
+
+def test_a_rank_missing_from_a_collective_hangs_and_is_diagnosed():
+    with pytest.raises(LaunchError) as info:
+        run_under_rules(one_rank_skips_the_barrier, timeout=8)
+    assert info.value.diagnosis.kind == "missing-from-collective"
+    assert "rank 0 waits in barrier()" in str(info.value)
