@@ -162,3 +162,28 @@ def test_a_rank_missing_from_a_collective_hangs_and_is_diagnosed():
         run_under_rules(one_rank_skips_the_barrier, timeout=8)
     assert info.value.diagnosis.kind == "missing-from-collective"
     assert "rank 0 waits in barrier()" in str(info.value)
+
+
+def leaves_six_groups():
+    return len([dist.new_group([0, 1, 2]) for _ in range(6)])
+
+
+def test_groups_a_call_leaves_are_destroyed_in_one_order_on_every_rank():
+    """The warm ranks destroy what a call left (issue 18, defect 7: in a set's order,
+    which differs between interpreters, the rule refused it)."""
+    for _ in range(2):
+        assert run_under_rules(leaves_six_groups, nproc=3) == [6, 6, 6]
+
+
+def blocking_behind_asynchronous():
+    a, b = torch.ones(200_000), torch.ones(10)
+    pending = ring.all_reduce(a, async_op=True)  # on the rank's helper thread
+    ring.all_reduce(b)  # blocking: must take its turn behind the ring in flight
+    pending.wait()
+    return a[-1].item(), b[0].item()
+
+
+def test_a_blocking_collective_waits_its_turn_behind_an_asynchronous_one():
+    """Issue 18, defect 9: run inline, the blocking ring's messages were issued from the
+    main thread while the helper thread's were in flight, and the rule refused them."""
+    assert run_under_rules(blocking_behind_asynchronous, nproc=3) == [(3.0, 3.0)] * 3
