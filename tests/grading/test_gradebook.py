@@ -62,6 +62,7 @@ def test_checks_only_runs_what_the_checks_need_and_keeps_the_notebook_as_it_ran(
 
 
 @pytest.mark.notebook
+@pytest.mark.slow  # a whole notebook in a sandbox: `make test-slow`
 def test_full_runs_every_cell_and_keeps_its_outputs(tmp_path):
     solutions, _ = write_course(tmp_path)
     put(tmp_path / "subs" / "alice.ipynb", mini_solution())
@@ -102,6 +103,7 @@ def test_each_lab_untouched_scores_nothing_and_says_what_is_missing(name, tmp_pa
     assert row["total"] == "0" and row["status"] == "ok" and row["flags"] == ""
 
 
+@pytest.mark.slow  # `make test-slow`
 def test_the_gradebook_keeps_the_rows_written_before_a_stop(tmp_path, monkeypatch):
     """Rows are appended as students finish: a grader stopped half-way (here, by a
     KeyboardInterrupt while grading the second student) leaves a valid CSV of the first."""
