@@ -116,11 +116,9 @@ def launcher_alive(job_dir):
     except (OSError, ValueError, KeyError):
         return True
     try:  # a kernel that has died but not yet been reaped has gone all the same
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return _running(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return False
-    except psutil.Error:
-        return True
 
 
 def remove_folder(job_dir):
