@@ -22,11 +22,11 @@ The package is laid out by layer; a lower layer never imports a higher one:
 
 ``%load_ext course_lib`` adds the ``%%torchrun`` cell magic.
 """
-from course_lib.runtime import (LaunchError, LaunchTimeout, Results, run, run_cell, run_script,
-                                shutdown, sync)
+from course_lib.runtime import (LaunchError, LaunchTimeout, Results, backend_for, enough_ranks,
+                                run, run_cell, run_script, shutdown, sync)
 
 __all__ = ["run", "run_cell", "run_script", "shutdown", "Results", "LaunchError",
-           "LaunchTimeout", "sync"]
+           "LaunchTimeout", "sync", "backend_for", "enough_ranks"]
 
 
 def load_ipython_extension(ipython):

@@ -73,12 +73,10 @@ class _Runner:
                       targets=self.y if self.s == self.p - 1 else None, loss_fn=F.mse_loss)
 
     def _torch(self):
-        if self.s == 0:
-            self.schedule.step(self.x)
-        elif self.s == self.p - 1:
-            self.schedule.step(target=self.y, losses=[])
-        else:
-            self.schedule.step()
+        # one stage is first and last at once: it takes the inputs and the targets
+        inputs = (self.x,) if self.s == 0 else ()
+        last = dict(target=self.y, losses=[]) if self.s == self.p - 1 else {}
+        self.schedule.step(*inputs, **last)
 
     def step(self):
         self.opt.zero_grad()

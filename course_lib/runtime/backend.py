@@ -66,6 +66,31 @@ def current_device():
     return torch.device("cpu")
 
 
+def backend_for(nproc, backend):
+    """``backend`` for a cell that needs ``nproc`` ranks, or gloo where this node cannot
+    run them on it (NCCL needs a GPU per rank), saying so: a lab run on one GPU still
+    runs its two-rank demos."""
+    if backend == "nccl" and gpu_count() < nproc:
+        print(f"({nproc} NCCL ranks need {nproc} GPUs and torch sees {gpu_count()}: "
+              f"this cell runs on gloo)")
+        return "gloo"
+    return backend
+
+
+def enough_ranks(need, nproc, backend):
+    """``(nproc, backend)`` for a demo that needs at least ``need`` ranks: the notebook's
+    own when it has that many, else ``need`` ranks on a backend that can run them
+    (:func:`backend_for`), saying so (a ring of one rank shows nothing).
+
+        n, b = enough_ranks(2, NPROC, BACKEND)
+        run(ping_pong_job, nproc=n, backend=b)
+    """
+    if nproc >= need:
+        return nproc, backend
+    print(f"(this cell needs {need} ranks and NPROC={nproc}: it runs {need})")
+    return need, backend_for(need, backend)
+
+
 def node_backend(backend="auto"):
     """The backend a rank started by torchrun uses: ``COURSE_BACKEND`` (what the launcher
     resolved) for "auto", checked against the GPUs of this node for the ranks of this

@@ -42,3 +42,28 @@ def test_a_multi_node_job_counts_the_gpus_of_its_own_node(monkeypatch, asked):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "5")  # more ranks on this node than GPUs
     with pytest.raises(ValueError, match="one GPU per rank"):
         backend.node_backend(asked)
+
+
+@pytest.mark.parametrize("gpus,nproc,backend,want", [
+    (1, 2, "nccl", "gloo"),  # one GPU: the two-rank demos of a lab run on CPU ranks
+    (2, 2, "nccl", "nccl"),
+    (1, 2, "auto", "auto"),  # the launcher resolves "auto" itself
+    (0, 4, "gloo", "gloo"),
+])
+def test_a_cell_that_needs_more_gpus_than_the_node_has_runs_on_gloo(monkeypatch, capsys,
+                                                                    gpus, nproc, backend, want):
+    from course_lib.runtime import backend as module
+
+    monkeypatch.setattr(module, "gpu_count", lambda: gpus)
+    assert module.backend_for(nproc, backend) == want
+    assert ("runs on gloo" in capsys.readouterr().out) == (want != backend)
+
+
+def test_a_demo_that_needs_two_ranks_gets_two_when_the_lab_runs_on_one(monkeypatch, capsys):
+    from course_lib.runtime import backend as module
+
+    monkeypatch.setattr(module, "gpu_count", lambda: 1)
+    assert module.enough_ranks(2, 1, "nccl") == (2, "gloo")
+    assert "needs 2 ranks and NPROC=1" in capsys.readouterr().out
+    assert module.enough_ranks(2, 3, "gloo") == (3, "gloo")
+    assert capsys.readouterr().out == ""
