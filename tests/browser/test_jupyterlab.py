@@ -10,6 +10,7 @@ screenshot lands in runs/browser/.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -83,6 +84,7 @@ def jupyter_lab(tmp_path):
 
 
 def test_lab00_runs_in_jupyterlab_in_a_browser(jupyter_lab):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect, sync_playwright
 
     shots = ROOT / "runs" / "browser"
@@ -99,25 +101,44 @@ def test_lab00_runs_in_jupyterlab_in_a_browser(jupyter_lab):
             expect(notebook).to_be_visible(timeout=60_000)
             # a run requested before the kernel is connected is dropped: wait for it
             expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible(timeout=120_000)
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_text("Run All Cells", exact=True).click()
-            # every code cell has run when each code prompt shows a number ([3]:), none
-            # still [*]: (running or queued) or [ ]: (not run)
+            started = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+                .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
+            for attempt in (1, 2):
+                page.get_by_role("menuitem", name="Run", exact=True).click()
+                page.get_by_text("Run All Cells", exact=True).click()
+                try:  # queued cells show [*]: at once, unless the kernel dropped the request
+                    page.wait_for_function(started, timeout=30_000, polling=500)
+                    break
+                except PlaywrightTimeout:
+                    if attempt == 2:
+                        status = page.locator(".jp-StatusBar-Widget").all_inner_texts()
+                        raise AssertionError(f"Run All Cells queued no cell, twice; status bar: "
+                                             f"{status}") from None
+            # Run All has finished when no prompt says [*]: (running or queued) and one has a
+            # number; a cell that raised leaves the cells after it at [ ]: at once
             try:
                 page.wait_for_function(
                     """() => {
                         const prompts = [...document.querySelectorAll(
-                            '.jp-CodeCell .jp-InputArea-prompt')];
-                        return prompts.length > 0
-                            && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+                            '.jp-CodeCell .jp-InputArea-prompt')].map(p => p.textContent);
+                        return prompts.some(p => /\\[\\d+\\]/.test(p))
+                            && !prompts.some(p => p.includes('*'));
                     }""", timeout=480_000, polling=1000)
             finally:
                 page.screenshot(path=str(shots / "lab00.png"), full_page=True)
+            cells = page.evaluate("""() => [...document.querySelectorAll('.jp-CodeCell')].map(c => [
+                c.querySelector('.jp-InputArea-prompt')?.textContent ?? '?',
+                (c.querySelector('.jp-InputArea-editor')?.textContent ?? '').slice(0, 60)])""")
+            not_run = [f"{prompt} {source!r}" for prompt, source in cells
+                       if not re.search(r"\[\d+\]", prompt)]
             text = notebook.inner_text()
+            assert not not_run, ("cells Run All did not run:\n" + "\n".join(not_run) + "\n\n"
+                                 + (text[max(0, text.index("Traceback") - 500):][:3000]
+                                    if "Traceback" in text else "(no traceback on the page)"))
             assert "[rank0]" in text and "[rank1]" in text  # live output, prefixed by rank
             assert "✓ Exercise 0.1 passed" in text
             assert "I am rank 1 of" in text  # the %%torchrun cell ran on every rank
-            assert "Traceback" not in text, text[text.index("Traceback") - 500:][:2000]
+            assert "Traceback" not in text, text[max(0, text.index("Traceback") - 500):][:2000]
             images = page.locator(".jp-OutputArea-output img")
             assert images.count() >= 2  # the ping-pong plot and the timeline
             assert images.last.evaluate("img => img.naturalWidth") > 100
