@@ -27,6 +27,7 @@ import json
 import os
 import pickle
 import resource
+import signal
 import struct
 import sys
 
@@ -156,6 +157,9 @@ def main():
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     _limit_resources()
+    # the judge stops a cell that outlives its time with SIGINT; a process started from a
+    # background job (make in CI, nohup) inherits SIGINT ignored, so say what it does here
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     collector = Collector(full=os.environ.get("COURSE_LIB_COLLECTOR_FULL") == "1")
     write_message(replies_fd, json.dumps({"ready": True}).encode())
     while True:
