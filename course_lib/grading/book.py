@@ -10,19 +10,17 @@ stopped half-way leaves valid files for everyone graded so far.
 from __future__ import annotations
 
 import csv
-import re
 import sys
 import threading
 from pathlib import Path
 
-from course_lib.grading import feedback
+from course_lib.grading import feedback, ids
 
 FIXED = ["student", "total", "status", "flags"]
 DETAILS = ["student", "notebook", "lab", "exercise", "status", "message", "seconds"]
 
 
-def exercise_key(exercise):
-    return tuple(int(n) for n in re.findall(r"\d+", exercise))
+exercise_key = ids.sort_key
 
 
 class Book:

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 import threading
 
 import cloudpickle
 import torch
 
-from course_lib.grading import plain
+from course_lib.grading import ids, plain
 from course_lib.grading.requests import (Request, execute, inspect_objects, interpret,
                                          not_implemented)
 from course_lib.grading.stubs import is_stub
@@ -50,14 +49,7 @@ PASS_MARK = "✓"
 # raised something other than CheckFailed, or was interrupted; cells run one at a time).
 _outcomes: dict = {}
 _outcomes_lock = threading.Lock()
-_EXERCISE = re.compile(r"^\s*(?:exercise\s+)?(\d+(?:\.\d+)*)\s*$", re.IGNORECASE)
-_EXERCISE_IN_MESSAGE = re.compile(r"^\s*(Exercise \d+(?:\.\d+)*)\b")
-
-
-def _key(exercise):
-    """"Exercise 2.3" for "Exercise 2.3", "exercise 2.3" and "2.3"."""
-    found = _EXERCISE.match(str(exercise))
-    return f"Exercise {found.group(1)}" if found else str(exercise).strip()
+_key = ids.normalize
 
 
 def _record(exercise, outcome):
@@ -98,7 +90,7 @@ class CheckFailed(AssertionError):
 
     def __init__(self, message="", *args, exercise=None):
         super().__init__(message, *args)
-        found = _EXERCISE_IN_MESSAGE.match(str(message))
+        found = ids.IN_MESSAGE.match(str(message))
         self.exercise = _key(exercise) if exercise else (found.group(1) if found else None)
         _record(self.exercise, "failed")
 

@@ -34,9 +34,11 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.grading import ids
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-EXERCISE_HEADING = re.compile(r"^#+\s.*?(Exercise\s+(\d+\.\d+))\s*[:.\-–—]?\s*(.*)$", re.M)
+EXERCISE_HEADING = ids.HEADING  # "Exercise N.M: title" or "Prediction N.M: title"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 MARKDOWN_STUB = "_Your answer here._"
 
@@ -50,7 +52,8 @@ def exercises_in(nb):
     found = []
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            found += [(m.group(1), m.group(3).strip()) for m in EXERCISE_HEADING.finditer(cell.source)]
+            found += [(ids.normalize(m.group(1)), m.group(3).strip())
+                      for m in EXERCISE_HEADING.finditer(cell.source)]
     return found
 
 
@@ -99,7 +102,7 @@ def make_lab(nb, name="notebook", keep_hidden=False):
             cell.source = strip_source(source, exercise, where, markdown=True,
                                        keep_hidden=keep_hidden)
             if headings:
-                exercise = (f"Exercise {headings[-1].group(2)}", headings[-1].group(3).strip())
+                exercise = (ids.normalize(headings[-1].group(1)), headings[-1].group(3).strip())
         elif cell.cell_type == "code":
             cell.source = strip_source(cell.source, exercise, where, keep_hidden=keep_hidden)
             cell.outputs = []

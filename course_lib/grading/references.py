@@ -37,6 +37,8 @@ import sys
 import types
 import warnings
 
+from course_lib.grading import ids
+
 # exercise id -> "module:qualname" of the course_lib objects that implement it.
 REFERENCES = {
     "Exercise 0.1": ("course_lib.collectives.p2p:ping_pong",),
@@ -50,6 +52,7 @@ REFERENCES = {
     "Exercise 1.4": ("course_lib.collectives.ring:all_reduce",
                      "course_lib.collectives.ring:_all_reduce"),
     "Exercise 1.5": ("course_lib.collectives.rooted:pipelined_broadcast",),
+    "Prediction 1.2": ("course_lib.collectives.cost_model:ring_all_reduce_time",),
     "Exercise 2.1": ("course_lib.ddp.naive:NaiveDDP", "course_lib.ddp.naive:FlatDDP"),
     "Exercise 2.2": ("course_lib.ddp.buckets:assign_buckets",),
     "Exercise 2.3": ("course_lib.ddp.bucketed:DDP",),
@@ -62,6 +65,7 @@ REFERENCES = {
     "Exercise 3.7": ("course_lib.fsdp.unit:free_between_passes",),
     "Exercise 3.8": ("course_lib.fsdp.fsdp:prefetch_targets",),
     "Exercise 4.1": ("course_lib.pipeline.schedules:gpipe",),
+    "Prediction 4.1": ("course_lib.pipeline.simulate:bubble_fraction",),
     "Exercise 4.2": ("course_lib.pipeline.schedules:one_f_one_b",),
     "Exercise 4.3": ("course_lib.pipeline.stage:forward_step",
                      "course_lib.pipeline.stage:backward_step"),
@@ -86,9 +90,7 @@ _ATTRS = {"LOAD_ATTR", "LOAD_METHOD"}
 _warned = set()
 
 
-def _key(exercise):
-    text = str(exercise).strip()
-    return text if text.lower().startswith("exercise") else f"Exercise {text}"
+_key = ids.normalize
 
 
 def resolve(entry):

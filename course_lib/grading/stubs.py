@@ -20,6 +20,8 @@ import dis
 import inspect
 import types
 
+from course_lib.grading import ids
+
 # instructions that may come before a function's first statement
 _PROLOGUE = {"RESUME", "NOP", "COPY_FREE_VARS", "MAKE_CELL", "EXTENDED_ARG", "PUSH_NULL",
              "PRECALL", "CACHE"}
@@ -48,7 +50,7 @@ def _raises_labgen_stub(code):
         (load, name), (const, message), (call, _), (raise_, _) = ops[at:at + 4]
         if (load in ("LOAD_GLOBAL", "LOAD_NAME") and name == "NotImplementedError"
                 and const == "LOAD_CONST" and isinstance(message, str)
-                and message.startswith("Exercise ") and call == "CALL"
+                and message.startswith(ids.KINDS) and call == "CALL"
                 and raise_ == "RAISE_VARARGS"):
             return True
     return False

@@ -171,6 +171,7 @@ def test_the_lab_itself_is_never_flagged():
     ("def ping_pong(p, i):\n    comm.counting = None", "assigns to course_lib.comm.counting"),
     ("%%torchrun -n 2\nimport course_lib.comm as c\nc.send = print", "assigns to course_lib.comm.send"),
     ("print('✓ Exercise 0.2 passed')", "writes a pass line ('✓ Exercise 0.2 passed')"),
+    ("print('✓ Prediction 1.1 passed')", "writes a pass line ('✓ Prediction 1.1 passed')"),
     ("checks.passed('Exercise 0.1')", "calls checks.passed itself"),
 ])
 def test_tampering_is_flagged(source, flag):

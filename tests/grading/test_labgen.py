@@ -61,6 +61,20 @@ def test_make_lab_threads_exercise_ids_and_clears_outputs():
     assert nb.cells[1].outputs  # the source notebook is left alone
 
 
+def test_a_prediction_threads_its_own_id_through_the_stub():
+    nb = new_notebook(cells=[
+        new_markdown_cell("### Prediction 4.1: the bubble of GPipe"),
+        new_code_cell("def bubble(p, m):\n    ### BEGIN SOLUTION\n    return (p - 1) / (m + p - 1)\n"
+                      "    ### END SOLUTION"),
+        new_markdown_cell("### Exercise 4.1: GPipe"),
+        new_code_cell("### BEGIN SOLUTION\ny = 2\n### END SOLUTION")])
+    lab = make_lab(nb)
+    assert lab.cells[1].source == ("def bubble(p, m):\n"
+                                   "    raise NotImplementedError('Prediction 4.1: the bubble of GPipe')")
+    assert lab.cells[3].source == "raise NotImplementedError('Exercise 4.1: GPipe')"
+    assert exercises_in(lab) == [("Prediction 4.1", "the bubble of GPipe"), ("Exercise 4.1", "GPipe")]
+
+
 def test_generate_writes_then_reports_nothing_stale(tmp_path):
     sol, labs = tmp_path / "solutions", tmp_path / "labs"
     sol.mkdir()

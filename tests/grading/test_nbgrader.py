@@ -16,7 +16,8 @@ nbgrader = pytest.importorskip("nbgrader", reason="nbgrader is not installed (pi
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-OUR_STUB = re.compile(r"^(\s*)raise NotImplementedError\('Exercise \d+\.\d+: .*'\)$", re.M)
+OUR_STUB = re.compile(r"^(\s*)raise NotImplementedError\('(?:Exercise|Prediction) \d+\.\d+: .*'\)$",
+                      re.M)
 THEIR_STUB = re.compile(r"^(\s*)# YOUR CODE HERE\n\1raise NotImplementedError\(\)$", re.M)
 
 

@@ -8,7 +8,8 @@ per stage), naming the first action that differs from the reference and the
 likely mistake. 4.3 is one microbatch's forward and backward on a stage, run by
 the library's executor under real torchrun at 2 and 3 stages against one process
 training the whole model on the whole batch (here). 4.4 is the partitioner,
-against brute force on random costs.
+against brute force on random costs. Predictions 4.1 and 4.2:
+:mod:`~course_lib.grading.lab04.predictions`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 from course_lib.grading import checks
 from course_lib.grading.lab04.jobs import (LR, MLP_SIZES, STEPS, data, partitions, rebuilt,
                                            schedules, stage_job)
+from course_lib.grading.lab04.predictions import (check_bubble_prediction,  # noqa: F401
+                                                  check_in_flight_prediction)
 from course_lib.grading.requests import here, on_ranks
 from course_lib.pipeline import (bubble_fraction, gpipe, one_f_one_b, partition_brute_force,
                                  peak_in_flight, simulate, uneven_mlp, validate)
