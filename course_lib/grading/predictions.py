@@ -6,8 +6,9 @@ number, in the judge, with the formula or the exact count (:func:`grade_numbers`
 never with a noisy timing. A wrong number is matched against the wrong formulas a
 student is likely to have used, and the message says which mistake it is.
 
-    answers = yield here(predicted_numbers, predicted_bytes_sent, CASES)
-    grade_numbers("Prediction 1.1", answers, CASES, exact_bytes, describe, WRONG)
+    check_bytes_prediction = prediction_check("Prediction 1.1", CASES, exact_bytes, describe,
+                                              WRONG, detail="10 settings, K = 8 first")
+    check_bytes_prediction(predicted_bytes_sent)      # in a notebook: ✓ Prediction 1.1 passed
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import math
 import numbers
 
 from course_lib.grading import checks
-from course_lib.grading.requests import call_each
+from course_lib.grading.requests import call_each, here
 
 
 def predicted_numbers(fn, cases):
@@ -76,3 +77,15 @@ def grade_numbers(exercise, answers, cases, formula, describe, wrong=(), hint=""
             f"{exercise}: for {where} you predicted {_show(got)}; it is {_show(want)}.\n"
             + (f"Why: {why}" if why else f"Hint: {hint}" if hint else "").rstrip())
     return len(cases)
+
+
+def prediction_check(prediction, cases, formula, describe, wrong=(), hint="", detail=""):
+    """The check of ``prediction``: the student's function on every case, each number
+    graded by :func:`grade_numbers`; its pass line says ``detail``."""
+    @checks.check(prediction)
+    def check(predicted):
+        answers = yield here(predicted_numbers, predicted, cases)
+        grade_numbers(prediction, answers, cases, formula, describe, wrong, hint)
+        return detail or f"{len(cases)} settings"
+
+    return check

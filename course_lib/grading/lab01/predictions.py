@@ -6,9 +6,7 @@ mistake."""
 from __future__ import annotations
 
 from course_lib.collectives.cost_model import ring_all_reduce_time
-from course_lib.grading import checks
-from course_lib.grading.predictions import grade_numbers, predicted_numbers
-from course_lib.grading.requests import here
+from course_lib.grading.predictions import prediction_check
 
 # N in bytes of float32 whose element count every K here divides: the ring's chunks are
 # exact, so the count is exactly 2(K-1)N/K (the lab's measurement shows the padding else)
@@ -77,24 +75,15 @@ TIME_WRONG = [
 ]
 
 
-@checks.check("Prediction 1.1")
-def check_bytes_prediction(predicted_bytes_sent):
-    ex = "Prediction 1.1"
-    answers = yield here(predicted_numbers, predicted_bytes_sent, BYTES_CASES)
-    grade_numbers(ex, answers, BYTES_CASES, bytes_sent,
-                  lambda a, n, k, r: f"rank {r} of the {a} all-reduce of N = {n:,} bytes on "
-                                     f"K = {k} ranks", BYTES_WRONG,
-                  hint="count the messages the rank sends and the bytes in each")
-    return f"{len(BYTES_CASES)} settings, K = 8 first, the naive root and the ring"
+check_bytes_prediction = prediction_check(
+    "Prediction 1.1", BYTES_CASES, bytes_sent,
+    lambda a, n, k, r: f"rank {r} of the {a} all-reduce of N = {n:,} bytes on K = {k} ranks",
+    BYTES_WRONG, hint="count the messages the rank sends and the bytes in each",
+    detail=f"{len(BYTES_CASES)} settings, K = 8 first, the naive root and the ring")
 
-
-@checks.check("Prediction 1.2")
-def check_ring_time_prediction(predicted_ring_time):
-    ex = "Prediction 1.2"
-    answers = yield here(predicted_numbers, predicted_ring_time, TIME_CASES)
-    grade_numbers(ex, answers, TIME_CASES, ring_all_reduce_time,
-                  lambda n, k, a, b: f"N = {n:,.0f} bytes, K = {k}, alpha = {a * 1e6:g} us, "
-                                     f"B = {b / 1e9:g} GB/s", TIME_WRONG,
-                  hint="count the steps (each costs alpha plus its bytes over B) and the "
-                       "bytes in each step")
-    return f"{len(TIME_CASES)} settings, K = 1 to 1024, against 2(K-1)(alpha + N/(KB))"
+check_ring_time_prediction = prediction_check(
+    "Prediction 1.2", TIME_CASES, ring_all_reduce_time,
+    lambda n, k, a, b: f"N = {n:,.0f} bytes, K = {k}, alpha = {a * 1e6:g} us, B = {b / 1e9:g} GB/s",
+    TIME_WRONG, hint="count the steps (each costs alpha plus its bytes over B) and the bytes "
+                     "in each step",
+    detail=f"{len(TIME_CASES)} settings, K = 1 to 1024, against 2(K-1)(alpha + N/(KB))")

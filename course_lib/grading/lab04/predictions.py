@@ -6,9 +6,7 @@ microbatches' activations a stage holds at its peak under GPipe and 1F1B (Predic
 mistake."""
 from __future__ import annotations
 
-from course_lib.grading import checks
-from course_lib.grading.predictions import grade_numbers, predicted_numbers
-from course_lib.grading.requests import here
+from course_lib.grading.predictions import prediction_check
 from course_lib.pipeline import bubble_fraction
 
 BUBBLE_CASES = [(4, 6), (2, 1), (4, 16), (8, 3), (3, 12), (1, 5)]
@@ -51,21 +49,13 @@ IN_FLIGHT_WRONG = [
 ]
 
 
-@checks.check("Prediction 4.1")
-def check_bubble_prediction(predicted_bubble):
-    ex = "Prediction 4.1"
-    answers = yield here(predicted_numbers, predicted_bubble, BUBBLE_CASES)
-    grade_numbers(ex, answers, BUBBLE_CASES, bubble_fraction, lambda p, m: f"p = {p}, m = {m}",
-                  BUBBLE_WRONG, hint="draw the schedule for p = 2, m = 2 and count the idle slots")
-    return f"{len(BUBBLE_CASES)} (p, m), p = 4 and m = 6 first"
+check_bubble_prediction = prediction_check(
+    "Prediction 4.1", BUBBLE_CASES, bubble_fraction, lambda p, m: f"p = {p}, m = {m}",
+    BUBBLE_WRONG, hint="draw the schedule for p = 2, m = 2 and count the idle slots",
+    detail=f"{len(BUBBLE_CASES)} (p, m), p = 4 and m = 6 first")
 
-
-@checks.check("Prediction 4.2")
-def check_in_flight_prediction(predicted_in_flight):
-    ex = "Prediction 4.2"
-    answers = yield here(predicted_numbers, predicted_in_flight, IN_FLIGHT_CASES)
-    grade_numbers(ex, answers, IN_FLIGHT_CASES, in_flight,
-                  lambda k, p, m, s: f"stage {s} of {k} with p = {p}, m = {m}", IN_FLIGHT_WRONG,
-                  hint="follow one stage: how many forwards has it run when its first backward "
-                       "starts?")
-    return f"{len(IN_FLIGHT_CASES)} (schedule, p, m, stage), m < p included"
+check_in_flight_prediction = prediction_check(
+    "Prediction 4.2", IN_FLIGHT_CASES, in_flight,
+    lambda k, p, m, s: f"stage {s} of {k} with p = {p}, m = {m}", IN_FLIGHT_WRONG,
+    hint="follow one stage: how many forwards has it run when its first backward starts?",
+    detail=f"{len(IN_FLIGHT_CASES)} (schedule, p, m, stage), m < p included")
