@@ -6,7 +6,9 @@ import torch
 
 from course_lib.grading import checks
 from course_lib.grading.lab01 import predictions as lab01
+from course_lib.grading.lab02 import predictions as lab02
 from course_lib.grading.lab04 import predictions as lab04
+from course_lib.grading.lab05 import predictions as lab05
 from course_lib.grading.predictions import grade_numbers, predicted_numbers
 
 
@@ -40,38 +42,50 @@ def right_bytes(algorithm, n, k, rank):
     return 2 * (k - 1) * n // k
 
 
-def right_time(n, k, alpha, bandwidth):
-    return 2 * (k - 1) * (alpha + n / (k * bandwidth))
+def right_step_bytes(wrapper, p, b, o, k):
+    if k == 1:
+        return 0
+    return (k - 1) / k * (b + o) + (k - 1) * p if wrapper == "dp" else 2 * (k - 1) / k * p
 
 
-def stub(*args):
-    raise NotImplementedError("Prediction 1.1: the bytes each rank sends")
+# each prediction's check, the solution's function, and the kept wrong formulas
+PREDICTIONS = [
+    ("1.1", lab01.check_bytes_prediction, right_bytes, lab01.BYTES_WRONG),
+    ("1.2", lab01.check_ring_time_prediction,
+     lambda n, k, a, b: 2 * (k - 1) * (a + n / (k * b)), lab01.TIME_WRONG),
+    ("2.1", lab02.check_bytes_per_step_prediction, right_step_bytes, lab02.BYTES_WRONG),
+    ("2.2", lab02.check_gradient_ratio_prediction, lambda m, d: 1 if d else m,
+     lab02.RATIO_WRONG),
+    ("4.1", lab04.check_bubble_prediction, lambda p, m: (p - 1) / (m + p - 1),
+     lab04.BUBBLE_WRONG),
+    ("4.2", lab04.check_in_flight_prediction,
+     lambda kind, p, m, s: m if kind == "gpipe" else min(m, p - s), lab04.IN_FLIGHT_WRONG),
+    ("5.1", lab05.check_all_reduce_count_prediction, lambda direction, t: 2, lab05.COUNT_WRONG),
+    ("5.2", lab05.check_all_reduce_size_prediction, lambda b, s, h, t: b * s * h,
+     lab05.SIZE_WRONG),
+]
 
 
-def test_lab01_predictions_pass_as_written_in_the_solution(capsys):
-    lab01.check_bytes_prediction(right_bytes)
-    lab01.check_ring_time_prediction(right_time)
-    out = capsys.readouterr().out
-    assert "✓ Prediction 1.1 passed" in out and "✓ Prediction 1.2 passed" in out
+@pytest.mark.parametrize("number,check,right,_", PREDICTIONS, ids=[p[0] for p in PREDICTIONS])
+def test_each_prediction_passes_as_the_solution_writes_it_and_its_stub_fails(capsys, number,
+                                                                              check, right, _):
+    check(right)
+    assert f"✓ Prediction {number} passed" in capsys.readouterr().out
+
+    def stub(*args):
+        raise NotImplementedError(f"Prediction {number}: a stub")
+
+    with pytest.raises(NotImplementedError, match="is not implemented yet"):
+        check(stub)
 
 
-def test_lab01_prediction_stubs_fail():
-    for check in (lab01.check_bytes_prediction, lab01.check_ring_time_prediction):
-        with pytest.raises(NotImplementedError, match="is not implemented yet"):
-            check(stub)
-
-
-@pytest.mark.parametrize("wrong,why", lab01.BYTES_WRONG, ids=lambda x: str(x)[:40])
-def test_each_kept_wrong_byte_count_fails_with_its_reason(wrong, why):
+@pytest.mark.parametrize("number,check,wrong,why",
+                         [(n, check, *w) for n, check, _, wrongs in PREDICTIONS for w in wrongs],
+                         ids=lambda x: str(x)[:24])
+def test_each_kept_wrong_prediction_fails_with_its_reason(number, check, wrong, why):
     with pytest.raises(checks.CheckFailed) as failed:
-        lab01.check_bytes_prediction(wrong)
-    assert f"Why: {why}" in str(failed.value)
-
-
-@pytest.mark.parametrize("wrong,why", lab01.TIME_WRONG, ids=lambda x: str(x)[:40])
-def test_each_kept_wrong_time_model_fails_with_its_reason(wrong, why):
-    with pytest.raises(checks.CheckFailed) as failed:
-        lab01.check_ring_time_prediction(wrong)
+        check(wrong)
+    assert str(failed.value).startswith(f"Prediction {number}: ")
     assert f"Why: {why}" in str(failed.value)
 
 
@@ -87,25 +101,6 @@ def test_the_library_s_cost_model_handed_in_as_a_prediction_is_refused(monkeypat
     monkeypatch.setattr(checks, "_reference_guard", True)
     with pytest.raises(checks.CheckFailed, match="Prediction 1.2: .*ring_all_reduce_time"):
         lab01.check_ring_time_prediction(cost_model.ring_all_reduce_time)
-
-
-# ---- Lab 04 --------------------------------------------------------------------------------
-def test_lab04_predictions_pass_as_written_in_the_solution(capsys):
-    lab04.check_bubble_prediction(lambda p, m: (p - 1) / (m + p - 1))
-    lab04.check_in_flight_prediction(lambda kind, p, m, s: m if kind == "gpipe"
-                                     else min(m, p - s))
-    out = capsys.readouterr().out
-    assert "✓ Prediction 4.1 passed" in out and "✓ Prediction 4.2 passed" in out
-
-
-@pytest.mark.parametrize("check,wrong,why",
-                         [(lab04.check_bubble_prediction, *w) for w in lab04.BUBBLE_WRONG]
-                         + [(lab04.check_in_flight_prediction, *w) for w in lab04.IN_FLIGHT_WRONG],
-                         ids=lambda x: str(x)[:30])
-def test_each_kept_wrong_lab04_prediction_fails_with_its_reason(check, wrong, why):
-    with pytest.raises(checks.CheckFailed) as failed:
-        check(wrong)
-    assert f"Why: {why}" in str(failed.value)
 
 
 def test_two_wrong_formulas_that_agree_on_one_setting_are_told_apart_by_the_others():

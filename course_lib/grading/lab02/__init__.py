@@ -9,7 +9,8 @@ that a factor (the sum instead of the average) is named as a factor.
 
 - :mod:`.jobs`: what runs on the student's ranks (or in its process) and reports;
 - :mod:`.references`: the inputs and the expected values;
-- :mod:`.messages`: hints and diagnoses.
+- :mod:`.messages`: hints and diagnoses;
+- :mod:`.predictions`: Predictions 2.1 and 2.2.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import torch
 
 from course_lib.grading import checks
 from course_lib.grading.lab02 import jobs, messages, references
+from course_lib.grading.lab02.predictions import (check_bytes_per_step_prediction,  # noqa: F401
+                                                  check_gradient_ratio_prediction)
 from course_lib.grading.lab02.references import (DEPTH, HAND_CASES, LAYER_BYTES, LR,  # noqa: F401
                                                  PER_RANK, STEPS, WIDTH)
 from course_lib.grading.requests import here, on_ranks

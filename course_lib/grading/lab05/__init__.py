@@ -10,7 +10,7 @@ direction on the ranks (:mod:`.jobs`): calls made through
 ``torch.distributed.all_reduce`` are counted, and a name imported before the
 check (``from torch.distributed import all_reduce``) or another collective API is
 not. The exercise text says so, and so does the message when the values are right
-but nothing was counted (:mod:`.messages`).
+but nothing was counted (:mod:`.messages`). Predictions 5.1 and 5.2: :mod:`.predictions`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import torch
 
 from course_lib.grading import checks
 from course_lib.grading.lab05 import jobs, messages, references
+from course_lib.grading.lab05.predictions import (check_all_reduce_count_prediction,
+                                                  check_all_reduce_size_prediction)
 from course_lib.grading.lab05.references import (LECTURE_A, LECTURE_X, SHARDS, dense_mlp,
                                                  group_cases, members)
 from course_lib.grading.requests import call_each, here, on_ranks
@@ -202,4 +204,5 @@ def check_layer_volume(layer_volume, trials=60):
 
 __all__ = ["check_split_matmul", "check_f_and_g", "check_parallel_mlp", "check_shard_qkv",
            "check_layer_volume", "LECTURE_X", "LECTURE_A", "dense_mlp", "EX_SPLIT", "EX_FG",
-           "EX_MLP", "EX_HEADS", "EX_VOLUME"]
+           "EX_MLP", "EX_HEADS", "EX_VOLUME", "check_all_reduce_count_prediction",
+           "check_all_reduce_size_prediction"]
