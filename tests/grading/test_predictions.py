@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from course_lib.grading import checks
+from course_lib.grading.lab00 import predictions as lab00
 from course_lib.grading.lab01 import predictions as lab01
 from course_lib.grading.lab02 import predictions as lab02
 from course_lib.grading.lab04 import predictions as lab04
@@ -50,6 +51,9 @@ def right_step_bytes(wrapper, p, b, o, k):
 
 # each prediction's check, the solution's function, and the kept wrong formulas
 PREDICTIONS = [
+    ("0.1", lab00.check_half_size_prediction, lambda a, b: a * b, lab00.HALF_WRONG),
+    ("0.2", lab00.check_compute_share_prediction, lambda mine, slowest: mine / slowest,
+     lab00.SHARE_WRONG),
     ("1.1", lab01.check_bytes_prediction, right_bytes, lab01.BYTES_WRONG),
     ("1.2", lab01.check_ring_time_prediction,
      lambda n, k, a, b: 2 * (k - 1) * (a + n / (k * b)), lab01.TIME_WRONG),

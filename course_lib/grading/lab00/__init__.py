@@ -3,7 +3,8 @@
 Each runs the student's function under torchrun at world sizes 2 and 3 inside
 ``comm.counting()``, and grades both the values and the messages: how many,
 how large, to whom. The jobs below run on the student's ranks and only report;
-the checks compare, with references of their own.
+the checks compare, with references of their own. Predictions 0.1 and 0.2:
+:mod:`.predictions`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch.distributed as dist
 
 from course_lib import comm
 from course_lib.grading import checks
+from course_lib.grading.lab00.predictions import (check_compute_share_prediction,  # noqa: F401
+                                                  check_half_size_prediction)
 from course_lib.grading.requests import on_ranks
 
 
