@@ -4,7 +4,8 @@ DDP, DDP + ZeRO-1, our FSDP (each sharding, prefetch on and off) and torch's
 FSDP2 (``fully_shard``, one unit per block) train the same GPT in one job,
 alternating in rounds. A step is zero_grad, forward, cross-entropy, backward,
 AdamW step; the time is the slowest rank's mean per step, median over rounds.
-Memory is measured per rank for one step of each (``course_lib.memory``).
+Memory is measured per rank for one step of each (``course_lib.memory``), and
+:func:`traffic` counts the bytes each rank hands to collectives in one step.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course_lib import comm
+from course_lib.collectives.cost_model import bus_factor
 from course_lib.ddp import DDP
 from course_lib.fsdp import FSDP, ShardedOptimizer, by_type
 from course_lib.models import GPT, Block, GPTConfig
@@ -97,6 +100,30 @@ def measure(cfg=None, batch=8, steps=3, rounds=3, names=None):
             samples[name].append(_timed(models[name], opts[name], x, y, cfg.vocab, steps, device))
     for name in chosen:
         result[name]["step_s"] = statistics.median(samples[name])
+    return result
+
+
+def traffic(cfg=None, batch=4, names=("DDP", "DDP + ZeRO-1", "FSDP full", "FSDP grad_op")):
+    """{variant: {"collective_bytes": {op: S summed over calls}, "sent_bytes": what a ring
+    sends per rank for them, sum of S x (K-1)/K (2(K-1)/K for an all-reduce),
+    "param_bytes": 4P}} for one step of each variant, counted on this rank."""
+    cfg = cfg or config()
+    device, world = current_device(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
+    y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
+    result = {}
+    for name in names:
+        wrap, make_opt = variants()[name]
+        model = wrap(GPT(cfg, seed=0).to(device))
+        opt = make_opt(model.parameters())
+        _step(model, opt, x, y, cfg.vocab)  # the first step rebuilds DDP's buckets
+        with comm.counting() as stats:
+            _step(model, opt, x, y, cfg.vocab)
+        counted = dict(stats.collective_bytes)
+        result[name] = {"collective_bytes": counted,
+                        "sent_bytes": sum(n * bus_factor(op, world) for op, n in counted.items()),
+                        "param_bytes": 4 * sum(p.numel() for p in GPT(cfg).parameters())}
     return result
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from course_lib.runtime.backend import builtin_all_gather
+from course_lib.collectives.select import collective_ops
 
 
 class ShardedOptimizer:
@@ -77,7 +77,8 @@ class ShardedOptimizer:
         self.shard.grad = self._flatten(grads)[self._start:self._start + self.shard_numel]
         self.optimizer.step()
         full = torch.empty(self.padded, dtype=self.shard.dtype, device=self.shard.device)
-        builtin_all_gather(full, self.shard.detach(), group=self.group)
+        # counted (comm.counting), as DDP's and FSDP's collectives are
+        collective_ops().all_gather(full, self.shard.detach(), group=self.group)
         offset = 0
         for p in self.params:
             p.copy_(full[offset:offset + p.numel()].view_as(p))

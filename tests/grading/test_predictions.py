@@ -8,6 +8,7 @@ from course_lib.grading import checks
 from course_lib.grading.lab00 import predictions as lab00
 from course_lib.grading.lab01 import predictions as lab01
 from course_lib.grading.lab02 import predictions as lab02
+from course_lib.grading.lab03_fsdp import predictions as lab03
 from course_lib.grading.lab04 import predictions as lab04
 from course_lib.grading.lab05 import predictions as lab05
 from course_lib.grading.predictions import grade_numbers, predicted_numbers
@@ -60,6 +61,9 @@ PREDICTIONS = [
     ("2.1", lab02.check_bytes_per_step_prediction, right_step_bytes, lab02.BYTES_WRONG),
     ("2.2", lab02.check_gradient_ratio_prediction, lambda m, d: 1 if d else m,
      lab02.RATIO_WRONG),
+    ("3.1", lab03.check_traffic_prediction,
+     lambda s, p, n: {"ddp": 2, "zero1_all_reduce": 3, "zero1_reduce_scatter": 2, "fsdp_full": 3,
+                      "fsdp_grad_op": 2}[s] * (n - 1) / n * 4 * p, lab03.BYTES_WRONG),
     ("4.1", lab04.check_bubble_prediction, lambda p, m: (p - 1) / (m + p - 1),
      lab04.BUBBLE_WRONG),
     ("4.2", lab04.check_in_flight_prediction,

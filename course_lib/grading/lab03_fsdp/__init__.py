@@ -8,7 +8,8 @@ student's process) train the course GPT, one unit per block plus the root, under
 torchrun at world sizes 2 and 3, and read the collectives from the counters;
 3.8 (which units to prefetch) runs on many cases. The jobs and probes of
 :mod:`.jobs` only report plain facts; the checks compare them with one process on
-the whole batch and the library's plan, computed here.
+the whole batch and the library's plan, computed here. Prediction 3.1 (the bytes
+per step of DDP, ZeRO-1 and FSDP): :mod:`.predictions`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from course_lib.grading.lab03 import answered
 from course_lib.grading.lab03_fsdp.jobs import (UNIT_CFG, UNIT_LR, UNIT_ROWS,  # noqa: F401
                                                 UNIT_STEPS, prefetch_plans, probe_hooks,
                                                 shard_facts, unit_batch, unit_job)
+from course_lib.grading.lab03_fsdp.predictions import check_traffic_prediction  # noqa: F401
 from course_lib.grading.requests import here, on_ranks
 from course_lib.models import GPT
 
