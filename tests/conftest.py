@@ -1,6 +1,7 @@
 """Shared fixtures: every launcher test must leave no process of any job behind."""
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -113,6 +114,17 @@ def nothing_left_at_the_end():
 
 
 SANDBOXES = set()  # tokens of the session's shared sandboxes
+
+
+@pytest.fixture
+def interruptible():
+    """SIGINT raises KeyboardInterrupt here, as in a notebook kernel, also where this
+    test process inherited it ignored (a make started from a background job)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

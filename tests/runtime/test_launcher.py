@@ -482,7 +482,7 @@ def test_run_script_passes_argv_and_reports_failure(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_keyboard_interrupt_kills_the_job():
+def test_keyboard_interrupt_kills_the_job(interruptible):
     def sleepy():
         time.sleep(60)
 

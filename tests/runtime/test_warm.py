@@ -93,7 +93,7 @@ def test_a_call_after_a_timeout_uses_a_fresh_job():
 
 
 @pytest.mark.slow
-def test_a_call_after_an_interrupt_uses_a_fresh_job():
+def test_a_call_after_an_interrupt_uses_a_fresh_job(interruptible):
     before = pids()
 
     def interrupt_soon():
