@@ -57,6 +57,8 @@ REFERENCES = {
     "Exercise 2.2": ("course_lib.ddp.buckets:assign_buckets",),
     "Exercise 2.3": ("course_lib.ddp.bucketed:DDP",),
     "Exercise 2.5": ("course_lib.ddp.comm_hooks:bf16_compress_hook",),
+    "Prediction 2.1": ("course_lib.ddp.traffic:dp_bytes_through_device0",
+                       "course_lib.ddp.traffic:ddp_bytes_per_rank"),
     "Exercise 3.1": ("course_lib.memory.estimate:param_count",),
     "Exercise 3.2": ("course_lib.memory.estimate:model_state_bytes",),
     "Exercise 3.4": ("course_lib.fsdp.zero1:ShardedOptimizer",),

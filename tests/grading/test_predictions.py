@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from course_lib.ddp import traffic
 from course_lib.grading import checks
 from course_lib.grading.lab00 import predictions as lab00
 from course_lib.grading.lab01 import predictions as lab01
@@ -116,3 +117,13 @@ def test_two_wrong_formulas_that_agree_on_one_setting_are_told_apart_by_the_othe
     is that of the formula the student's other answers follow."""
     with pytest.raises(checks.CheckFailed, match="the last stage alternates from the start"):
         lab04.check_in_flight_prediction(lambda k, p, m, s: m if k == "gpipe" else min(m, p))
+
+
+def test_a_prediction_that_calls_the_library_s_traffic_formula_is_refused(monkeypatch):
+    monkeypatch.setattr(checks, "_reference_guard", True)
+
+    def predicted(wrapper, p, b, o, k):  # reaches the library's formula by a global name
+        return traffic.dp_bytes_through_device0(p, b, o, k)["sent"]
+
+    with pytest.raises(checks.CheckFailed, match="Prediction 2.1: .*dp_bytes_through_device0"):
+        lab02.check_bytes_per_step_prediction(predicted)
