@@ -155,7 +155,7 @@ def grade_id(exercise, suffix=""):
 def nbgrader_cells(nb, name="notebook"):
     """[nbgrader metadata or None] for each cell of a solution notebook: solution cells
     (a solution region), grade cells (tag ``check``: locked, one point), nothing else."""
-    found, exercise, solutions = [], None, {}
+    found, exercise, solutions, checked = [], None, {}, set()
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             headings = EXERCISE_HEADING.findall(cell.source)
@@ -167,6 +167,7 @@ def nbgrader_cells(nb, name="notebook"):
                                   f"heading above it")
             meta = {"grade": True, "solution": False, "locked": True, "points": 1,
                     "grade_id": grade_id(exercise)}
+            checked.add(exercise)
         elif has_solution and exercise is not None:
             count = solutions[exercise] = solutions.get(exercise, 0) + 1
             meta = {"grade": cell.cell_type == "markdown", "solution": True, "locked": False,
@@ -178,6 +179,13 @@ def nbgrader_cells(nb, name="notebook"):
         found.append(meta)
         if cell.cell_type == "markdown" and headings:
             exercise = headings[-1][0]
+    # a code solution without a check cell is an item no gradebook would ever grade
+    unchecked = [ex for ex in solutions if ex not in checked and any(
+        m and m["grade_id"].startswith(grade_id(ex, "_solution")) and not m["grade"]
+        for m in found)]
+    if unchecked:
+        raise LabGenError(f"{name}: {', '.join(unchecked)} has a solution cell but no cell "
+                          f"tagged 'check' (the cell that calls its check needs the tag)")
     return found
 
 

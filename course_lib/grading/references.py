@@ -66,6 +66,12 @@ REFERENCES = {
     "Exercise 3.6": ("course_lib.fsdp.unit:GatherShards",),
     "Exercise 3.7": ("course_lib.fsdp.unit:free_between_passes",),
     "Exercise 3.8": ("course_lib.fsdp.fsdp:prefetch_targets",),
+    "Exercise 3.9": ("course_lib.memory.precision:FP32Master",),
+    # torch's own scaler is the reference the check compares with: subclassing it is not writing it
+    "Exercise 3.10": ("course_lib.memory.loss_scaling:DynamicLossScaler",
+                      "torch.amp.grad_scaler:GradScaler", "torch.cuda.amp.grad_scaler:GradScaler"),
+    "Prediction 3.2": ("course_lib.memory.precision:state_bytes_per_param",
+                       "course_lib.memory.precision:measure_recipe"),
     "Exercise 4.1": ("course_lib.pipeline.schedules:gpipe",),
     "Prediction 4.1": ("course_lib.pipeline.simulate:bubble_fraction",),
     "Exercise 4.2": ("course_lib.pipeline.schedules:one_f_one_b",),
@@ -85,6 +91,8 @@ REFERENCES = {
     "Exercise 6.2": ("course_lib.hybrid.table:params_per_rank",
                      "course_lib.hybrid.table:model_state_estimate"),
     "Exercise 6.3": ("course_lib.hybrid.plan:best_mesh", "course_lib.hybrid.plan:valid_meshes"),
+    # model_state_bytes(P / (tp pp), dp, z)["total"] is the whole answer of Prediction 6.2
+    "Prediction 6.2": ("course_lib.memory.estimate:model_state_bytes",),
 }
 
 _LOADS = {"LOAD_GLOBAL", "LOAD_NAME"}

@@ -123,3 +123,17 @@ def test_labs_drop_the_metadata_and_hidden_tests_the_grader_keeps():
     assert all("nbgrader" not in c.metadata for c in lab.cells)
     assert lab.cells[2].source == "check(f)"
     assert grading.cells[2].source == "check(f)\nsecret(f)"
+
+
+def test_an_exercise_whose_check_cell_lacks_the_tag_is_refused():
+    from course_lib.grading.labgen import LabGenError
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("### Exercise 9.1: x"),
+                nbformat.v4.new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n"
+                                          "    ### END SOLUTION"),
+                nbformat.v4.new_code_cell("lab09.check_f(f)")]  # no 'check' tag
+    with pytest.raises(LabGenError, match="Exercise 9.1 has a solution cell but no cell tagged"):
+        nbgrader_cells(nb, "09_x.ipynb")
+    nb.cells[2].metadata["tags"] = ["check"]
+    assert nbgrader_cells(nb, "09_x.ipynb")[2]["grade"] is True

@@ -10,8 +10,10 @@ from course_lib.grading.lab00 import predictions as lab00
 from course_lib.grading.lab01 import predictions as lab01
 from course_lib.grading.lab02 import predictions as lab02
 from course_lib.grading.lab03_fsdp import predictions as lab03
+from course_lib.grading.lab03_mixed import predictions as lab03_mixed
 from course_lib.grading.lab04 import predictions as lab04
 from course_lib.grading.lab05 import predictions as lab05
+from course_lib.grading.lab06 import predictions as lab06
 from course_lib.grading.predictions import grade_numbers, predicted_numbers
 
 
@@ -65,6 +67,9 @@ PREDICTIONS = [
     ("3.1", lab03.check_traffic_prediction,
      lambda s, p, n: {"ddp": 2, "zero1_all_reduce": 3, "zero1_reduce_scatter": 2, "fsdp_full": 3,
                       "fsdp_grad_op": 2}[s] * (n - 1) / n * 4 * p, lab03.BYTES_WRONG),
+    ("3.2", lab03_mixed.check_state_prediction,
+     lambda r, p: {"fp32": 16, "autocast_bf16": 16, "bf16_master": 16, "pure_bf16": 8}[r] * p,
+     lab03_mixed.STATE_WRONG),
     ("4.1", lab04.check_bubble_prediction, lambda p, m: (p - 1) / (m + p - 1),
      lab04.BUBBLE_WRONG),
     ("4.2", lab04.check_in_flight_prediction,
@@ -72,6 +77,13 @@ PREDICTIONS = [
     ("5.1", lab05.check_all_reduce_count_prediction, lambda direction, t: 2, lab05.COUNT_WRONG),
     ("5.2", lab05.check_all_reduce_size_prediction, lambda b, s, h, t: b * s * h,
      lab05.SIZE_WRONG),
+    ("6.1", lab06.check_p2p_bytes_prediction,
+     lambda s, p, b, dp, m, t, d: ((s > 0) + (s < p - 1)) * b // dp * t * d * 4,
+     lab06.P2P_WRONG),
+    ("6.2", lab06.check_state_bytes_prediction,
+     lambda p, dp, tp, pp, z: p / (tp * pp) * (2 / (dp if z == 3 else 1)
+                                               + 2 / (dp if z >= 2 else 1) + 12 / (dp if z else 1)),
+     lab06.STATE_WRONG),
 ]
 
 
@@ -127,3 +139,15 @@ def test_a_prediction_that_calls_the_library_s_traffic_formula_is_refused(monkey
 
     with pytest.raises(checks.CheckFailed, match="Prediction 2.1: .*dp_bytes_through_device0"):
         lab02.check_bytes_per_step_prediction(predicted)
+
+
+def test_the_library_s_model_state_formula_in_a_prediction_is_refused(monkeypatch):
+    from course_lib.memory.estimate import model_state_bytes
+
+    monkeypatch.setattr(checks, "_reference_guard", True)
+
+    def predicted(p, dp, tp, pp, z):  # the answer, by way of Lab 03's estimator
+        return model_state_bytes(p / (tp * pp), dp, z)["total"]
+
+    with pytest.raises(checks.CheckFailed, match="Prediction 6.2: .*model_state_bytes"):
+        lab06.check_state_bytes_prediction(predicted)
