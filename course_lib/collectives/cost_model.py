@@ -91,3 +91,20 @@ def optimal_segments(nbytes, k, alpha, bandwidth):
     s = (max(k - 2, 0) * nbytes / (alpha * bandwidth)) ** 0.5
     candidates = {max(1, int(s)), max(1, int(s) + 1)}
     return min(candidates, key=lambda c: pipelined_broadcast_time(nbytes, k, c, alpha, bandwidth))
+
+
+# ---- what a GPU node would show (projected, not measured) ------------------------------------
+# One 8 x H100 SXM node: every GPU reaches the NVSwitch over 18 NVLink 4 links of 25 GB/s
+# each way, 450 GB/s, and a message pays about 3 us before its first byte (the same
+# figures as course_lib.tp.volume and course_lib.hybrid.costs; a test keeps them equal).
+H100_NODE = {"name": "8 x H100 (NVSwitch)", "ranks": 8, "alpha": 3e-6, "bandwidth": 450e9}
+
+
+def projected_busbw(sizes, k, alpha, bandwidth):
+    """{"naive": [...], "ring": [...]}: the bus bandwidth (bytes/s) the alpha-beta model
+    gives each all-reduce of ``sizes`` bytes on ``k`` ranks whose links each carry
+    ``bandwidth``: the ring's tends to B, the naive root's to B/K (its one link
+    carries 2(K-1) whole messages while busbw counts 2(K-1)/K of one)."""
+    times = {"naive": naive_all_reduce_time, "ring": ring_all_reduce_time}
+    return {name: [busbw("all_reduce", n, model(n, k, alpha, bandwidth), k) for n in sizes]
+            for name, model in times.items()}

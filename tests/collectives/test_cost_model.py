@@ -52,3 +52,22 @@ def test_pipelined_broadcast_and_its_optimum():
     # with many segments it approaches N/B, K-1 times better than the ring
     assert times[best] < 1.2 * n / bw < cm.ring_broadcast_time(n, k, alpha, bw) / 5
     assert cm.optimal_segments(n, 2, alpha, bw) == 1
+
+
+def test_the_projection_tends_to_b_for_the_ring_and_b_over_k_for_the_naive_root():
+    from course_lib.collectives.cost_model import H100_NODE, projected_busbw
+
+    k, alpha, b = H100_NODE["ranks"], H100_NODE["alpha"], H100_NODE["bandwidth"]
+    naive, ring = projected_busbw([1024, 1 << 40], k, alpha, b).values()
+    assert ring[1] == pytest.approx(b, rel=1e-3) and naive[1] == pytest.approx(b / k, rel=1e-3)
+    assert ring[0] < 0.01 * b  # 1 KiB: all latency, for both
+    assert naive[0] == pytest.approx(ring[0], rel=0.2)
+
+
+def test_the_node_figures_are_the_ones_the_planner_and_tp_use():
+    from course_lib.collectives.cost_model import H100_NODE
+    from course_lib.hybrid.costs import NVLINK_ALPHA_S
+    from course_lib.tp.volume import NVLINK_GPU_GBPS
+
+    assert H100_NODE["alpha"] == NVLINK_ALPHA_S
+    assert H100_NODE["bandwidth"] == NVLINK_GPU_GBPS * 1e9
