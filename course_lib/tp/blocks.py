@@ -26,9 +26,12 @@ A sharding plan is data, as with torch's ``parallelize_module``::
 
 Submodule names keep the dense block's names (``attn.qkv.weight``,
 ``mlp.0.weight``...), so each parameter is the slice of the dense parameter of
-the same name.
+the same name. :class:`ParallelBlock` makes the same cut into a new module and
+leaves the dense block alone: ``model.blocks[i] = ParallelBlock(model.blocks[i], tp)``.
 """
 from __future__ import annotations
+
+import copy
 
 import torch.nn as nn
 import torch.nn.functional as F
@@ -39,8 +42,8 @@ from course_lib.tp.regions import compute_region
 from course_lib.tp.sequence import (gather_from_sequence, mark_sequence_parallel,
                                     reduce_scatter_to_sequence)
 
-__all__ = ["ParallelMLP", "ParallelAttention", "parallelize", "parallelize_block", "BLOCK_PLAN",
-           "STYLES"]
+__all__ = ["ParallelMLP", "ParallelAttention", "ParallelBlock", "parallelize", "parallelize_block",
+           "BLOCK_PLAN", "STYLES"]
 
 
 def _sub(name, child):
@@ -149,6 +152,34 @@ class ParallelAttention(nn.Module):
 
     def extra_repr(self):
         return f"heads={self.heads}, local_heads={self.local_heads}, head_dim={self.head_dim}"
+
+
+class ParallelBlock(nn.Module):
+    """A drop-in for the course GPT's ``Block``, cut from a dense one (which is left as it
+    was): ``x + attn(ln1(x))``, then ``+ mlp(ln2(x))``, with
+
+        attn = g(attention over heads of rank r (f(LN_1(x)))) + b_proj
+        mlp  = g(GELU(f(LN_2(x)) A_r + a_r) B_r) + b
+
+    f sits after each LayerNorm, right before the column-parallel layer, so that f's
+    backward all-reduce completes the gradient before it reaches the LayerNorm (whose
+    parameters every rank holds whole). Each g returns the whole branch output, and
+    only then is the residual added: added to a partial sum, X would be counted t
+    times. 2 all-reduces forward, 2 backward; ValueError unless t divides the heads.
+
+        model.blocks[i] = ParallelBlock(model.blocks[i], group=tp)
+    """
+
+    def __init__(self, block, group=None, collectives="torch"):
+        super().__init__()
+        # copies: the LayerNorms stay whole on every rank, and the dense block keeps its own
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.attn = ParallelAttention.from_dense(block.attn, group, collectives)
+        self.mlp = ParallelMLP.from_dense(block.mlp, group, collectives)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
 
 
 STYLES = {

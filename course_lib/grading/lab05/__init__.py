@@ -11,6 +11,8 @@ direction on the ranks (:mod:`.jobs`): calls made through
 check (``from torch.distributed import all_reduce``) or another collective API is
 not. The exercise text says so, and so does the message when the values are right
 but nothing was counted (:mod:`.messages`). Predictions 5.1 and 5.2: :mod:`.predictions`.
+5.6 (a whole tensor-parallel block, from a blank page, trained inside the GPT):
+:mod:`.block`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch
 
 from course_lib.grading import checks
 from course_lib.grading.lab05 import jobs, messages, references
+from course_lib.grading.lab05.block import EX_BLOCK, check_tp_block
 from course_lib.grading.lab05.predictions import (check_all_reduce_count_prediction,
                                                   check_all_reduce_size_prediction)
 from course_lib.grading.lab05.references import (LECTURE_A, LECTURE_X, SHARDS, dense_mlp,
@@ -203,6 +206,6 @@ def check_layer_volume(layer_volume, trials=60):
 
 
 __all__ = ["check_split_matmul", "check_f_and_g", "check_parallel_mlp", "check_shard_qkv",
-           "check_layer_volume", "LECTURE_X", "LECTURE_A", "dense_mlp", "EX_SPLIT", "EX_FG",
-           "EX_MLP", "EX_HEADS", "EX_VOLUME", "check_all_reduce_count_prediction",
-           "check_all_reduce_size_prediction"]
+           "check_layer_volume", "check_tp_block", "LECTURE_X", "LECTURE_A", "dense_mlp",
+           "EX_SPLIT", "EX_FG", "EX_MLP", "EX_HEADS", "EX_VOLUME", "EX_BLOCK",
+           "check_all_reduce_count_prediction", "check_all_reduce_size_prediction"]

@@ -105,3 +105,66 @@ def heads_job(shard_qkv, use_pair):
     y = parallel(x)
     (y * weight).sum().backward()
     return y.detach().clone(), x.grad
+
+
+# ---- 5.6: a tensor-parallel block ---------------------------------------------------------
+def _failure(what, exc):
+    return f"{what} raised {type(exc).__name__}: {exc}"
+
+
+def _one_block(block_class, group):
+    """The student's block cut from the dense one: its parameters, then its output, X's
+    gradient, its parameters' gradients and the all-reduces each way (or what raised)."""
+    from course_lib.grading.lab05.block_references import block_input, dense_block
+
+    try:
+        block = block_class(dense_block(), group)
+    except Exception as exc:  # noqa: BLE001 - graded by the check
+        return {"error": _failure(f"{block_class.__name__}(block, group)", exc)}
+    params = {name: p.detach().clone() for name, p in block.named_parameters()}
+    x, weight = block_input()
+    try:
+        with all_reduces() as calls:
+            y = block(x)
+            fwd = len(calls)
+            (y * weight).sum().backward()
+    except Exception as exc:  # noqa: BLE001 - graded by the check
+        return {"params": params, "error": _failure("forward or backward", exc)}
+    grads = {name: None if p.grad is None else p.grad.detach().clone()
+             for name, p in block.named_parameters()}
+    return {"params": params, "error": None, "y": y.detach().clone(), "dx": x.grad,
+            "grads": grads, "fwd": fwd, "bwd": len(calls) - fwd}
+
+
+def _refusal(block_class, group):
+    """What the student's block does when the heads (4) do not divide by t (3)."""
+    from course_lib.grading.lab05.block_references import dense_block
+
+    try:
+        block_class(dense_block(heads=4), group)
+    except Exception as exc:  # noqa: BLE001 - the check wants a ValueError, and says so
+        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
+    return {"returned": True}
+
+
+def _training(block_class, group, steps):
+    """The GPT with the student's blocks, trained: losses (a tensor: a NaN travels too),
+    this rank's parameters before and after."""
+    from course_lib.tp.training import gpt_config, train_gpt
+
+    try:
+        out = train_gpt(gpt_config(), block_class, group, steps=steps, distinct=True,
+                        keep_state=True)
+    except Exception as exc:  # noqa: BLE001 - graded by the check
+        return {"error": _failure("training the GPT with your blocks", exc)}
+    return {"error": None, "losses": torch.tensor(out["losses"], dtype=torch.float64),
+            "before": out["before"], "after": out["after"]}
+
+
+def block_job(block_class, use_pair, steps, refusal):
+    """5.6 on one rank: the block alone, the refusal of 4 heads on 3 ranks (where
+    ``refusal``), and a few training steps of the GPT built from the student's blocks."""
+    group = pair_group() if use_pair else None
+    block = _one_block(block_class, group)
+    return {"block": block, "refusal": _refusal(block_class, group) if refusal else None,
+            "train": None if block["error"] else _training(block_class, group, steps)}
