@@ -18,8 +18,8 @@ in bf16 on copies cast on the fly (freed after the step), while the parameters,
 their gradients and the moments stay fp32, which is why it saves activation memory and
 time but not a byte of the 16P. The lecture's 16P is ``bf16_master``: the weights
 live in bf16, and an fp32 *master* copy takes the update, because an update smaller
-than half a bf16 unit in the last place of a weight (2^-8 of it: bf16 keeps 8
-significant bits) is rounded away in bf16. ``pure_bf16`` halves the state and loses
+than half a bf16 unit in the last place of a weight (between 2^-9 and 2^-8 of it:
+bf16 keeps 8 significant bits) is rounded away in bf16. ``pure_bf16`` halves the state and loses
 exactly those updates.
 
     master = FP32Master(model.parameters(), lambda ps: torch.optim.AdamW(ps, lr=1e-3))

@@ -3,7 +3,7 @@
 
 A ring all-reduce sums each chunk along the ring: K - 1 additions in sequence, each
 rounded to the wire's dtype. bf16 keeps 8 significant bits (7 stored), so every
-rounding may move a partial sum by up to 2^-9 of itself, and the partial sums grow
+rounding may move a partial sum by up to 2^-8 of itself, and the partial sums grow
 with K: more ranks, more roundings of larger numbers. fp32's 24 bits make the same
 drift about 2^16 times smaller. This module measures it rather than argue it:
 

@@ -59,7 +59,7 @@ def _judge_masters(ex, where, got, seed, lr, steps):
                "parameter's gradient in fp32 (master.grad = param.grad.float())")
     elif _same(got["masters"], rebuilt):
         why = ("your masters are copied from the bf16 weights each step, so every update "
-               "smaller than half a bf16 step of its weight (2^-9 of it) is lost: keep the "
+               "smaller than half a bf16 step of its weight (2^-9 to 2^-8 of it) is lost: keep the "
                "masters from one step to the next, and copy only master -> bf16")
     else:
         gap = max(((g.float() - w).abs().max().item() for g, w in zip(got["masters"], want)
