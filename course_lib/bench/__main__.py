@@ -47,7 +47,7 @@ def main(argv=None):
     p.add_argument("--depth", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--json", default=None)
-    p = sub.add_parser("fsdp", help="DDP, ZeRO-1, our FSDP and torch FSDP2: time and memory")
+    p = sub.add_parser("fsdp", help="DDP, ZeRO-1, ZeRO-2, our FSDP and torch FSDP2: time and memory")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="auto")
     p.add_argument("--dim", type=int, default=128)

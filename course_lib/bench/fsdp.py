@@ -1,9 +1,10 @@
 """Step time and memory of data parallelism with and without sharding, side by side (Lab 03).
 
-DDP, DDP + ZeRO-1, our FSDP (each sharding, prefetch on and off) and torch's
-FSDP2 (``fully_shard``, one unit per block) train the same GPT in one job,
-alternating in rounds. A step is zero_grad, forward, cross-entropy, backward,
-AdamW step; the time is the slowest rank's mean per step, median over rounds.
+DDP, DDP + ZeRO-1, ZeRO-2 (no DDP: gradients reduce-scattered), our FSDP (each
+sharding, prefetch on and off) and torch's FSDP2 (``fully_shard``, one unit per
+block) train the same GPT in one job, alternating in rounds. A step is zero_grad,
+forward, cross-entropy, backward, AdamW step; the time is the slowest rank's mean
+per step, median over rounds.
 Memory is measured per rank for one step of each (``course_lib.memory``), and
 :func:`traffic` counts the bytes each rank hands to collectives in one step.
 """
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from course_lib import comm
 from course_lib.collectives.cost_model import bus_factor
 from course_lib.ddp import DDP
-from course_lib.fsdp import FSDP, ShardedOptimizer, by_type
+from course_lib.fsdp import FSDP, ShardedOptimizer, ZeRO2, by_type
 from course_lib.models import GPT, Block, GPTConfig
 from course_lib.runtime.backend import current_device
 from course_lib.runtime.device import sync
@@ -40,11 +41,14 @@ def _fsdp2(model):
     return fully_shard(model)
 
 
-def variants():
-    """name -> (wrap(model) -> model, optimizer factory)."""
+def variants(zero2=ZeRO2):
+    """name -> (wrap(model) -> model, optimizer factory). ``zero2``: the class behind
+    "ZeRO-2", ``zero2(params, make_optimizer)`` (the student's, in Lab 03)."""
     adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)  # noqa: E731
     zero1 = lambda params: ShardedOptimizer(params, torch.optim.AdamW, lr=1e-3)  # noqa: E731
-    out = {"DDP": (DDP, adamw), "DDP + ZeRO-1": (DDP, zero1)}
+    out = {"DDP": (DDP, adamw), "DDP + ZeRO-1": (DDP, zero1),
+           # no DDP around the model: ZeRO-2 reduces the gradients itself
+           "ZeRO-2": (lambda model: model, lambda params: zero2(params, adamw))}
     for sharding in ("full", "grad_op", "none"):
         for prefetch in (1, 0):
             name = f"FSDP {sharding}" + ("" if prefetch else ", no prefetch")
@@ -74,10 +78,11 @@ def _timed(model, opt, x, y, vocab, steps, device):
     return elapsed.item()
 
 
-def measure(cfg=None, batch=8, steps=3, rounds=3, names=None):
+def measure(cfg=None, batch=8, steps=3, rounds=3, names=None, zero2=ZeRO2):
     """{variant: {"step_s": seconds per step, "peak_bytes": this rank's peak in a step,
-    "state_bytes": parameters + gradients + optimizer state on this rank}}."""
-    from course_lib.memory.measure import model_state_bytes_of, peak_bytes
+    "state_bytes": parameters + gradients + optimizer state on this rank}} (``zero2``: the
+    class behind "ZeRO-2")."""
+    from course_lib.memory.measure import _storages, model_state_bytes_of, peak_bytes
 
     cfg = cfg or config()
     device = current_device()
@@ -85,15 +90,18 @@ def measure(cfg=None, batch=8, steps=3, rounds=3, names=None):
     # drawn on the CPU (the generator's device) whatever the rank's default device is
     x = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
     y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
-    chosen = {k: v for k, v in variants().items() if names is None or k in names}
+    chosen = {k: v for k, v in variants(zero2).items() if names is None or k in names}
     models, opts, result = {}, {}, {}
     for name, (wrap, make_opt) in chosen.items():
         models[name] = wrap(GPT(cfg, seed=0).to(device))
         opts[name] = make_opt(models[name].parameters())
         with peak_bytes(device) as peak:
             _step(models[name], opts[name], x, y, cfg.vocab)  # also the warm-up
-        state = model_state_bytes_of(models[name], getattr(opts[name], "optimizer", opts[name]))
-        result[name] = {"peak_bytes": peak.peak, "state_bytes": state["total"]}
+        inner = getattr(opts[name], "optimizer", opts[name])
+        state = model_state_bytes_of(models[name], inner)["total"]
+        if name == "ZeRO-2":  # its gradient is the shard's, held by the optimizer's parameter
+            state += _storages(p.grad for g in inner.param_groups for p in g["params"])
+        result[name] = {"peak_bytes": peak.peak, "state_bytes": state}
     samples = {name: [] for name in chosen}
     for _ in range(rounds):
         for name in chosen:
@@ -103,10 +111,12 @@ def measure(cfg=None, batch=8, steps=3, rounds=3, names=None):
     return result
 
 
-def traffic(cfg=None, batch=4, names=("DDP", "DDP + ZeRO-1", "FSDP full", "FSDP grad_op")):
+def traffic(cfg=None, batch=4, names=("DDP", "DDP + ZeRO-1", "FSDP full", "FSDP grad_op"),
+            zero2=ZeRO2):
     """{variant: {"collective_bytes": {op: S summed over calls}, "sent_bytes": what a ring
     sends per rank for them, sum of S x (K-1)/K (2(K-1)/K for an all-reduce),
-    "param_bytes": 4P}} for one step of each variant, counted on this rank."""
+    "param_bytes": 4P}} for one step of each variant, counted on this rank (``zero2``: the
+    class behind "ZeRO-2")."""
     cfg = cfg or config()
     device, world = current_device(), dist.get_world_size()
     gen = torch.Generator().manual_seed(dist.get_rank())
@@ -114,7 +124,7 @@ def traffic(cfg=None, batch=4, names=("DDP", "DDP + ZeRO-1", "FSDP full", "FSDP 
     y = torch.randint(0, cfg.vocab, (batch, cfg.seq_len), generator=gen, device="cpu").to(device)
     result = {}
     for name in names:
-        wrap, make_opt = variants()[name]
+        wrap, make_opt = variants(zero2)[name]
         model = wrap(GPT(cfg, seed=0).to(device))
         opt = make_opt(model.parameters())
         _step(model, opt, x, y, cfg.vocab)  # the first step rebuilds DDP's buckets

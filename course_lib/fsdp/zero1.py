@@ -36,10 +36,10 @@ class ShardedOptimizer:
     def __init__(self, params, optimizer_cls, group=None, **kwargs):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
-            raise ValueError("ShardedOptimizer got no parameters that require grad")
+            raise ValueError(f"{type(self).__name__} got no parameters that require grad")
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) > 1:
-            raise ValueError(f"ShardedOptimizer shards one flat buffer: one dtype, got {dtypes}")
+            raise ValueError(f"{type(self).__name__} shards one flat buffer: one dtype, got {dtypes}")
         self.group = group
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         self.numel = sum(p.numel() for p in self.params)
@@ -76,6 +76,11 @@ class ShardedOptimizer:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         self.shard.grad = self._flatten(grads)[self._start:self._start + self.shard_numel]
         self.optimizer.step()
+        self._gather_params()
+
+    @torch.no_grad()
+    def _gather_params(self):
+        """Every rank's updated shard into every rank's full parameters."""
         full = torch.empty(self.padded, dtype=self.shard.dtype, device=self.shard.device)
         # counted (comm.counting), as DDP's and FSDP's collectives are
         collective_ops().all_gather(full, self.shard.detach(), group=self.group)

@@ -72,6 +72,8 @@ REFERENCES = {
                       "torch.amp.grad_scaler:GradScaler", "torch.cuda.amp.grad_scaler:GradScaler"),
     "Prediction 3.2": ("course_lib.memory.precision:state_bytes_per_param",
                        "course_lib.memory.precision:measure_recipe"),
+    # ZeRO-1's ShardedOptimizer already flattens, pads and shards: deriving from it is half the work
+    "Exercise 3.11": ("course_lib.fsdp.zero2:ZeRO2", "course_lib.fsdp.zero1:ShardedOptimizer"),
     "Exercise 4.1": ("course_lib.pipeline.schedules:gpipe",),
     "Prediction 4.1": ("course_lib.pipeline.simulate:bubble_fraction",),
     "Exercise 4.2": ("course_lib.pipeline.schedules:one_f_one_b",),
