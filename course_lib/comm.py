@@ -52,6 +52,7 @@ class CommStats:
     ``collectives[name]`` calls and ``collective_bytes[name]`` their bytes."""
     sent_messages: int = 0
     sent_bytes: int = 0
+    exchanges: int = 0  # calls of exchange(_async) that posted something: rounds of latency
     recv_messages: int = 0
     recv_bytes: int = 0
     sent_to: Counter = field(default_factory=Counter)
@@ -75,6 +76,7 @@ class CommStats:
 
     def as_dict(self):
         return {"sent_messages": self.sent_messages, "sent_bytes": self.sent_bytes,
+                "exchanges": self.exchanges,
                 "recv_messages": self.recv_messages, "recv_bytes": self.recv_bytes,
                 "sent_to": dict(self.sent_to), "recv_from": dict(self.recv_from),
                 "collectives": dict(self.collectives),
@@ -183,6 +185,8 @@ def exchange_async(sends=(), recvs=(), group=None, tag=0):
         _count_send(tensor, peer)
     for tensor, peer, _ in recvs:
         _count_recv(tensor, peer)
+    for stats in _active:
+        stats.exchanges += 1
     if dist.get_backend(group) == "gloo" and not nccl_rules.active():
         # receives first: a gloo sender pushes its bytes once the peer has posted
         works = [dist.irecv(t, group=group, tag=g, group_src=p) for t, p, g in recvs]

@@ -12,13 +12,15 @@ ring_broadcast (chain)      1                        (K-1)(alpha + N/B)
 pipelined_broadcast (S)     S                        (K-2+S)(alpha + N/(S B))
 reduce (chain)              1                        (K-1)(alpha + N/B)
 naive_all_reduce            root: 2(K-1)             2(K-1)(alpha + N/B)
+star_all_reduce             root: 2(K-1), at once    2(alpha + (K-1)N/B)
 all_reduce (ring)           2(K-1) of N/K            2(K-1)(alpha + N/(K B))
 reduce_scatter (ring)       K-1 of N/K               (K-1)(alpha + N/(K B))
 all_gather (ring)           K-1 of N/K               (K-1)(alpha + N/(K B))
 ==========================  =======================  ==========================
 
 Files: :mod:`~course_lib.collectives.p2p` (Lab 00's patterns),
-:mod:`~course_lib.collectives.rooted` (broadcast, reduce, naive all-reduce),
+:mod:`~course_lib.collectives.rooted` (broadcast, reduce, naive and star all-reduce),
+:mod:`~course_lib.collectives.adaptive` (the all-reduce that picks star or ring by size),
 :mod:`~course_lib.collectives.ring` (reduce-scatter, all-gather, all-reduce),
 :mod:`~course_lib.collectives.reduce_ops` (ops, chunking, buffers),
 :mod:`~course_lib.collectives.cost_model` and :mod:`~course_lib.collectives.ring_viz`.
@@ -27,8 +29,10 @@ from course_lib.collectives.reduce_ops import ReduceOp, chunk_bounds, combine, s
 from course_lib.collectives.select import collective_ops
 from course_lib.collectives.ring import all_gather, all_reduce, reduce_scatter, ring_step_chunks
 from course_lib.collectives.rooted import (broadcast, naive_all_reduce, pipelined_broadcast,
-                                           reduce, ring_broadcast)
+                                           reduce, ring_broadcast, star_all_reduce)
+from course_lib.collectives.adaptive import adaptive_all_reduce
 
 __all__ = ["broadcast", "ring_broadcast", "pipelined_broadcast", "reduce", "naive_all_reduce",
+           "star_all_reduce", "adaptive_all_reduce",
            "all_reduce", "reduce_scatter", "all_gather", "ring_step_chunks", "chunk_bounds",
            "combine", "scratch", "ReduceOp", "collective_ops"]

@@ -59,6 +59,27 @@ def naive_all_reduce_time(nbytes, k, alpha, bandwidth):
     return 2 * (k - 1) * (alpha + nbytes / bandwidth)
 
 
+def star_all_reduce_time(nbytes, k, alpha, bandwidth):
+    """The naive all-reduce with each phase's K-1 messages posted at once: one latency
+    per phase, but the root's link still carries K-1 whole messages each way,
+    2(alpha + (K-1) N/B)."""
+    return 2 * (alpha + (k - 1) * nbytes / bandwidth) if k > 1 else 0.0
+
+
+def choose_all_reduce(nbytes, k, alpha, bandwidth):
+    """"star" where :func:`star_all_reduce_time` beats :func:`ring_all_reduce_time`, else
+    "ring" (a tie goes to the ring). The star wins below
+    N* = (K-2) K alpha B / (K-1)^2 (:func:`star_ring_crossover`): never at K = 2."""
+    star = star_all_reduce_time(nbytes, k, alpha, bandwidth)
+    return "star" if star < ring_all_reduce_time(nbytes, k, alpha, bandwidth) else "ring"
+
+
+def star_ring_crossover(k, alpha, bandwidth):
+    """N* in bytes, where the star and the ring all-reduce take equal time:
+    2(alpha + (K-1)N/B) = 2(K-1)(alpha + N/(KB))."""
+    return (k - 2) * k * alpha * bandwidth / (k - 1) ** 2 if k > 2 else 0.0
+
+
 def ring_all_reduce_time(nbytes, k, alpha, bandwidth):
     """Reduce-scatter + all-gather: 2(K-1) steps of N/K bytes."""
     return 2 * (k - 1) * (alpha + nbytes / (k * bandwidth))

@@ -11,7 +11,8 @@ from course_lib import comm
 from course_lib.collectives.reduce_ops import (Flat, ReduceOp, asynchronous, chunk_bounds, combine,
                                                validate)
 
-__all__ = ["broadcast", "ring_broadcast", "pipelined_broadcast", "reduce", "naive_all_reduce"]
+__all__ = ["broadcast", "ring_broadcast", "pipelined_broadcast", "reduce", "naive_all_reduce",
+           "star_all_reduce"]
 
 
 # ---- one-to-all and all-to-one ---------------------------------------------------------
@@ -88,31 +89,54 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None):
 
 
 # ---- all-to-all patterns ---------------------------------------------------------------
-@asynchronous
-def naive_all_reduce(tensor, op=ReduceOp.SUM, root=0, group=None):
-    """Everyone sends the whole tensor to ``root``, which reduces and sends the
-    result back to everyone: the root moves 2(K-1) N bytes, the others 2N."""
+def _through_root(tensor, op, root, group, at_once):
+    """Everyone's tensor to ``root``, reduced there, the result back to everyone; each
+    phase's K-1 messages one after the other, or all posted in one exchange."""
     validate(tensor, op, root=root, group=group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     data = Flat(tensor)
     if world > 1 and tensor.numel() > 0:
-        if rank == root:
-            incoming = torch.empty_like(data.flat)
-            for peer in range(world):
-                if peer != root:
-                    comm.exchange(recvs=[(incoming, peer)], group=group)
-                    combine(data.flat, incoming, op)
-            if op == ReduceOp.AVG:
-                data.flat.div_(world)
-            for peer in range(world):
-                if peer != root:
-                    comm.exchange(sends=[(data.flat, peer)], group=group)
-        else:
+        peers = [p for p in range(world) if p != root]
+        if rank != root:
             comm.exchange(sends=[(data.flat, root)], group=group)
             comm.exchange(recvs=[(data.flat, root)], group=group)
+            return data.done()
+        if at_once:
+            incoming = [torch.empty_like(data.flat) for _ in peers]
+            comm.exchange(recvs=list(zip(incoming, peers)), group=group)
+            for other in incoming:
+                combine(data.flat, other, op)
+        else:
+            incoming = torch.empty_like(data.flat)
+            for peer in peers:
+                comm.exchange(recvs=[(incoming, peer)], group=group)
+                combine(data.flat, incoming, op)
+        if op == ReduceOp.AVG:
+            data.flat.div_(world)
+        if at_once:
+            comm.exchange(sends=[(data.flat, p) for p in peers], group=group)
+        else:
+            for peer in peers:
+                comm.exchange(sends=[(data.flat, peer)], group=group)
         return data.done()
     if op == ReduceOp.AVG:
         data.flat.div_(world)
     return data.done()
 
 
+@asynchronous
+def naive_all_reduce(tensor, op=ReduceOp.SUM, root=0, group=None):
+    """Everyone sends the whole tensor to ``root``, which reduces and sends the
+    result back to everyone: the root moves 2(K-1) N bytes, the others 2N, one
+    message after another, 2(K-1)(alpha + N/B)."""
+    return _through_root(tensor, op, root, group, at_once=False)
+
+
+@asynchronous
+def star_all_reduce(tensor, op=ReduceOp.SUM, root=0, group=None):
+    """The naive all-reduce with every message of a phase posted at once: ``root``
+    receives all K-1 tensors in one exchange, reduces, and sends the result to all
+    in one more. The same bytes as :func:`naive_all_reduce`, but two rounds of
+    latency instead of 2(K-1): 2(alpha + (K-1)N/B), faster than the ring below
+    ``cost_model.star_ring_crossover``."""
+    return _through_root(tensor, op, root, group, at_once=True)

@@ -57,6 +57,13 @@ REFERENCES = {
     "Exercise 2.2": ("course_lib.ddp.buckets:assign_buckets",),
     "Exercise 2.3": ("course_lib.ddp.bucketed:DDP",),
     "Exercise 2.5": ("course_lib.ddp.comm_hooks:bf16_compress_hook",),
+    # the student times the two algorithms with their own formulas (Prediction 1.2's, say)
+    "Exercise 1.6": ("course_lib.collectives.adaptive:adaptive_all_reduce",
+                     "course_lib.collectives.rooted:star_all_reduce",
+                     "course_lib.collectives.cost_model:choose_all_reduce",
+                     "course_lib.collectives.cost_model:star_ring_crossover",
+                     "course_lib.collectives.cost_model:star_all_reduce_time",
+                     "course_lib.collectives.cost_model:ring_all_reduce_time"),
     "Prediction 2.1": ("course_lib.ddp.traffic:dp_bytes_through_device0",
                        "course_lib.ddp.traffic:ddp_bytes_per_rank"),
     "Exercise 3.1": ("course_lib.memory.estimate:param_count",),

@@ -106,7 +106,8 @@ def overflow_model(seed=0, width=24):
     for fan_in, fan_out in ((8, width), (width, width), (width, 4)):
         linear = torch.nn.Linear(fan_in, fan_out)
         with torch.no_grad():
-            linear.weight.copy_(torch.randn(fan_out, fan_in, generator=gen) / fan_in ** 0.5)
+            weight = torch.randn(fan_out, fan_in, generator=gen, device="cpu")
+            linear.weight.copy_(weight / fan_in ** 0.5)
             linear.bias.zero_()
         layers += [linear, torch.nn.Tanh()]
     return torch.nn.Sequential(*layers[:-1])
@@ -114,8 +115,8 @@ def overflow_model(seed=0, width=24):
 
 def overflow_batch(step, seed=0, rows=16, magnitude=40.0):
     gen = torch.Generator(device="cpu").manual_seed(seed * 1000 + step)
-    return (torch.randn(rows, 8, generator=gen) * magnitude,
-            torch.randn(rows, 4, generator=gen) * magnitude)
+    return (torch.randn(rows, 8, generator=gen, device="cpu") * magnitude,
+            torch.randn(rows, 4, generator=gen, device="cpu") * magnitude)
 
 
 def fp16_run(scaler, steps=24, seed=0, lr=1e-3, device="cpu"):

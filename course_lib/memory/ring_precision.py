@@ -22,9 +22,9 @@ def gradient_like(rank, numel, seed=0, shared=0.5):
     """Rank ``rank``'s contribution: a component every rank shares (``shared``, the
     signal of a gradient) plus noise of its own, in float64 for the exact sum."""
     common = torch.randn(numel, generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.float64)
+                         dtype=torch.float64, device="cpu")
     own = torch.randn(numel, generator=torch.Generator().manual_seed(seed + 1 + rank),
-                      dtype=torch.float64)
+                      dtype=torch.float64, device="cpu")
     return shared * common + own
 
 

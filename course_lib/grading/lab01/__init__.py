@@ -17,12 +17,14 @@ Files: :mod:`~course_lib.grading.lab01.jobs` (what runs on the student's ranks:
 their code, and a report), :mod:`~course_lib.grading.lab01.references` (the
 inputs, and the results they should give), :mod:`~course_lib.grading.lab01.messages`
 (hints and diagnoses); the checks below tie them together.
-:mod:`~course_lib.grading.lab01.predictions` grades Predictions 1.1 and 1.2.
+:mod:`~course_lib.grading.lab01.predictions` grades Predictions 1.1 and 1.2,
+:mod:`~course_lib.grading.lab01.adaptive` Exercise 1.6 (star or ring, by size).
 """
 from __future__ import annotations
 
 from course_lib.grading import checks
 from course_lib.grading.lab01 import jobs, messages, references
+from course_lib.grading.lab01.adaptive import check_adaptive_all_reduce
 from course_lib.grading.lab01.predictions import (check_bytes_prediction,
                                                   check_ring_time_prediction)
 from course_lib.grading.lab01.references import MAX, SUM
@@ -30,7 +32,7 @@ from course_lib.grading.requests import on_ranks
 
 __all__ = ["check_naive_all_reduce", "check_ring_reduce_scatter", "check_ring_all_gather",
            "check_ring_all_reduce", "check_pipelined_broadcast", "check_bytes_prediction",
-           "check_ring_time_prediction"]
+           "check_ring_time_prediction", "check_adaptive_all_reduce"]
 
 
 # ---- comparing, with the hint worked out only on a failure -----------------------------------

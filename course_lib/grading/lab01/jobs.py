@@ -74,3 +74,9 @@ def broadcast_job(fn, cases):
             fn(got, src, segments)
         out.append((got, stats.as_dict(), list(events)))
     return out
+
+
+def adaptive_job(fn, cases, alpha, bandwidth):
+    """Exercise 1.6: ``cases``: [(inputs by rank, op)] -> [(tensor after
+    fn(tensor, op, alpha, bandwidth), traffic)]."""
+    return all_reduce_job(lambda tensor, op: fn(tensor, op, alpha, bandwidth), cases)

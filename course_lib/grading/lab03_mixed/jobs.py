@@ -17,7 +17,8 @@ MASTER_CASES = [(0, 1e-5, 6), (1, 1e-2, 4)]
 
 def master_batch(seed):
     gen = torch.Generator(device="cpu").manual_seed(100 + seed)
-    return torch.randn(16, 11, generator=gen), torch.randn(16, 3, generator=gen)
+    return (torch.randn(16, 11, generator=gen, device="cpu"),
+            torch.randn(16, 3, generator=gen, device="cpu"))
 
 
 def master_model(seed):
