@@ -221,3 +221,27 @@ def hybrid_step(cfg=None, batch=4):
     return {"calls": dict(stats.collectives), "bytes": dict(stats.collective_bytes),
             "shard_group": dist.get_process_group_ranks(mesh.get_group("shard")),
             "replicate_group": dist.get_process_group_ranks(mesh.get_group("replicate"))}
+
+
+def projected_steps(shape, gpu, global_batch=64, efficiency=0.5):
+    """What a GPU node would show (projected, not measured): one step of ``shape`` data
+    parallel over the ``gpu.gpus_per_node`` GPUs of one node, at ZeRO stages 0-3, with
+    the planner's step model (:func:`course_lib.hybrid.costs.step_time`: compute at
+    ``efficiency`` of the bf16 peak, the dp traffic that compute cannot hide). Returns
+    {"ZeRO-z": {"compute", "dp_comm" (exposed), "dp_comm_alone" (all of it, as if
+    nothing overlapped), "total"}} in seconds."""
+    from course_lib.hybrid.costs import (Mesh, Workload, _link, dp_exposed, params_per_gpu,
+                                         step_time)
+
+    mesh = Mesh(dp=gpu.gpus_per_node)
+    out = {}
+    for zero in range(4):
+        work = Workload(global_batch=global_batch, zero=zero)
+        step = step_time(shape, mesh, work, gpu, efficiency)
+        grad_bytes = 2 * params_per_gpu(shape, mesh)  # bf16, as step_time counts it
+        alone = dp_exposed(grad_bytes, mesh.dp, work.microbatches(mesh), zero, 0.0, 0.0,
+                           _link(gpu, mesh, "dp"))
+        out[f"ZeRO-{zero}"] = {"compute": step["compute"], "dp_comm": step["dp_comm"],
+                               "dp_comm_alone": alone, "total": step["total"]}
+    return out
+

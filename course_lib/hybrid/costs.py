@@ -50,7 +50,7 @@ from course_lib.memory.estimate import (GB, activation_bytes_megatron, fsdp_peak
 from course_lib.mesh import ParallelDims
 from course_lib.pipeline.partition import even_split
 from course_lib.tp.volume import (GPUS_PER_NODE, H100_BF16_DENSE_TFLOPS, INFINIBAND_GBPS,
-                                  NVLINK_PAIR_GBPS)
+                                  NVLINK_GPU_GBPS, NVLINK_PAIR_GBPS)
 
 # Latency per message (per ring step): assumed orders of magnitude of NCCL's
 # small-message times, not measured here (Lab 01 fits alpha on its own machine).
@@ -80,6 +80,10 @@ H100_80GB = GPU("H100 80GB", 80, H100_BF16_DENSE_TFLOPS, NVLINK_PAIR_GBPS, INFIN
 # an assumption.
 A100_40GB = GPU("A100 40GB", 40, 312.0, 4 * 25.0, 200 / 8)
 GPUS = {"A100 40GB": A100_40GB, "H100 80GB": H100_80GB}
+# An 8-GPU H100 node (DGX/HGX): every GPU's 18 NVLink 4 links go to NVSwitches, 450 GB/s
+# each way to any mix of peers; the pair figure is what a ring over all 8 gets per peer.
+H100_NVSWITCH_NODE = GPU("H100 80GB, 8-GPU NVSwitch node", 80, H100_BF16_DENSE_TFLOPS,
+                         NVLINK_GPU_GBPS / 7, INFINIBAND_GBPS, gpus_per_node=8)
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,6 @@ def step_time(shape, mesh, work, gpu, efficiency=1.0):
     return out
 
 
-__all__ = ["GPU", "H100_80GB", "A100_40GB", "GPUS", "Mesh", "Workload", "params_per_gpu",
+__all__ = ["GPU", "H100_80GB", "A100_40GB", "GPUS", "H100_NVSWITCH_NODE", "Mesh", "Workload", "params_per_gpu",
            "memory_per_gpu", "fits", "pp_messages", "dp_exposed", "step_time", "NVLINK_ALPHA_S",
            "IB_ALPHA_S"]

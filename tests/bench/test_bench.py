@@ -47,3 +47,21 @@ def test_launch_benchmark_reports_the_first_call_and_warm_calls_apart():
     warm = result["warm"]
     assert warm["min_s"] <= warm["median_s"] <= warm["max_s"] and len(warm["times_s"]) == 3
     assert result["first_s"] > 0 and "warm calls: median" in format_launch(result)
+
+
+def test_the_projection_of_a_node_hides_what_the_planner_says_and_counts_the_rest():
+    from course_lib.bench.fsdp import projected_steps
+    from course_lib.collectives.cost_model import H100_NODE
+    from course_lib.hybrid.costs import H100_NVSWITCH_NODE
+    from course_lib.memory.estimate import OLMO
+
+    node = H100_NVSWITCH_NODE
+    assert node.nvlink_pair_gbps * 7 * 1e9 == pytest.approx(H100_NODE["bandwidth"])
+    steps = projected_steps(OLMO["OLMo 1B"], node, global_batch=64)
+    assert len({round(s["compute"], 12) for s in steps.values()}) == 1  # sharding adds no FLOPs
+    assert all(0 <= s["dp_comm"] <= s["dp_comm_alone"] for s in steps.values())
+    m = 64 // node.gpus_per_node  # microbatches of one sequence per replica
+    # unhidden, ZeRO-3 gathers twice and reduce-scatters once per microbatch: 1.5 m
+    # all-reduces' worth against DDP's one (latency, microseconds here, aside)
+    ratio = steps["ZeRO-3"]["dp_comm_alone"] / steps["ZeRO-0"]["dp_comm_alone"]
+    assert ratio == pytest.approx(1.5 * m, rel=0.02)
