@@ -46,6 +46,9 @@ from course_lib.pipeline.runs import corpus_batches, gpt_loss
 from course_lib.runtime.backend import current_device
 
 STRATEGIES = {"dp": "DP", "dp_tp": "DP x TP", "dp_pp": "DP x PP", "dp_fsdp": "DP x FSDP"}
+# the 2-D strategies above run on dp * inner ranks; DP x TP x PP splits inner = tp * pp
+# (course_lib.hybrid.three_d)
+LABELS = {**STRATEGIES, "dp_tp_pp": "DP x TP x PP"}
 LR = 3e-3
 
 
@@ -104,14 +107,18 @@ def _whole_model_step(run, model, loss_fn, holds_loss):
 
 
 def build(name, cfg: GPTConfig, dp=2, inner=2, seed=0, lr=LR, microbatches=2,
-          schedule="1f1b", collectives="torch"):
-    """Build strategy ``name`` (a key of :data:`STRATEGIES`) on every rank of a
-    ``dp * inner``-rank job, from ``GPT(cfg, seed)``'s weights, with AdamW."""
-    builders = {"dp": _dp, "dp_tp": _dp_tp, "dp_pp": _dp_pp, "dp_fsdp": _dp_fsdp}
+          schedule="1f1b", collectives="torch", tp=2):
+    """Build strategy ``name`` (a key of :data:`LABELS`) on every rank of a
+    ``dp * inner``-rank job, from ``GPT(cfg, seed)``'s weights, with AdamW
+    (``tp``: DP x TP x PP's tensor-parallel degree, inner = tp x pp)."""
+    from course_lib.hybrid.three_d import dp_tp_pp
+
+    builders = {"dp": _dp, "dp_tp": _dp_tp, "dp_pp": _dp_pp, "dp_fsdp": _dp_fsdp,
+                "dp_tp_pp": dp_tp_pp}
     if name not in builders:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(LABELS)}")
     return builders[name](cfg, dp, inner, seed, lr, microbatches=microbatches,
-                          schedule=schedule, collectives=collectives)
+                          schedule=schedule, collectives=collectives, tp=tp)
 
 
 def _dp(cfg, dp, inner, seed, lr, collectives, **_):
@@ -131,8 +138,8 @@ def _dp(cfg, dp, inner, seed, lr, collectives, **_):
 
 def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
     from course_lib.ddp import DDP
+    from course_lib.hybrid.three_d import tp_dense_state
     from course_lib.tp import parallelize_block
-    from course_lib.tp import ColumnParallelLinear, RowParallelLinear
 
     dims = ParallelDims(dp=dp, tp=inner).build()
     model = GPT(cfg, seed).to(current_device())
@@ -142,12 +149,7 @@ def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
 
     def full_state():
-        state = {n: p.detach().clone() for n, p in model.named_parameters()}
-        for prefix, module in model.named_modules():
-            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
-                for name, tensor in module.dense_state().items():
-                    state[f"{prefix}.{name}"] = tensor
-        return state
+        return tp_dense_state(model)
 
     run = Strategy("dp_tp", dims, ddp, opt, None, full_state, (dims.coords.dp, dp))
     # the tp ranks of a replica hold the same loss: one of them reports it

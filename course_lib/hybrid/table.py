@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import comm
-from course_lib.hybrid.strategies import STRATEGIES, build
+from course_lib.hybrid.strategies import LABELS, STRATEGIES, build
 from course_lib.memory.estimate import piece_params
 from course_lib.memory.measure import model_state_bytes_of, peak_bytes
 from course_lib.models import GPTConfig, gpt_param_count
@@ -47,7 +47,7 @@ def pipeline_pieces(cfg: GPTConfig):
     return [embed] + [block] * cfg.layers + [head]
 
 
-def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2):
+def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2):
     """Parameters held by the rank that holds most, under strategy ``name``.
 
     - DP: all P.
@@ -55,25 +55,29 @@ def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2):
       its 6D of LayerNorms and row biases whole; embeddings and head whole.
     - DP x PP: the largest stage of the partition the strategy uses.
     - DP x FSDP: each unit (a block; the root: embeddings and head) flattened,
-      padded to a multiple of n = inner and cut into n shards."""
+      padded to a multiple of n = inner and cut into n shards.
+    - DP x TP x PP: the largest stage of the pp = inner / tp partition, its blocks
+      split t ways as under DP x TP."""
     d, pieces = cfg.dim, pipeline_pieces(cfg)
     if name == "dp":
         return gpt_param_count(cfg)
     if name == "dp_tp":
         block = (12 * d * d + 4 * d) // inner + 6 * d
         return pieces[0] + cfg.layers * block + pieces[-1]
-    if name == "dp_pp":
-        ranges = partition(gpt_piece_costs(cfg), inner)
-        return max(sum(pieces[i] for i in r) for r in ranges)
+    if name in ("dp_pp", "dp_tp_pp"):
+        t = tp if name == "dp_tp_pp" else 1
+        split = [pieces[0]] + [(12 * d * d + 4 * d) // t + 6 * d] * cfg.layers + [pieces[-1]]
+        ranges = partition(gpt_piece_costs(cfg), inner // t)
+        return max(sum(split[i] for i in r) for r in ranges)
     if name == "dp_fsdp":
         units = [pieces[0] + pieces[-1]] + pieces[1:-1]
         return sum(max(math.ceil(u / inner), 1) for u in units)
-    raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(LABELS)}")
 
 
-def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2):
+def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2, tp=2):
     """Bytes of parameters, gradients and AdamW state on the fullest rank (fp32)."""
-    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner)
+    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner, tp)
 
 
 def _max(value):
@@ -107,10 +111,11 @@ def measure_strategy(name, cfg: GPTConfig, batch=8, steps=3, dp=2, inner=2, **kw
         sync()
         seconds = _max(time.perf_counter() - start) / steps
         collective_bytes = sum(stats.collective_bytes.values())
-        return {"strategy": STRATEGIES[name], "tokens_per_s": batch * cfg.seq_len / seconds,
+        return {"strategy": LABELS[name], "tokens_per_s": batch * cfg.seq_len / seconds,
                 "step_ms": 1e3 * seconds,
                 "state_mb": _max(state) / 1e6,
-                "state_estimate_mb": model_state_estimate(name, cfg, dp, inner) / 1e6,
+                "state_estimate_mb": model_state_estimate(name, cfg, dp, inner,
+                                                          kw.get("tp", 2)) / 1e6,
                 "step_peak_mb": _max(peak.peak) / 1e6,
                 "collective_mb": _max(collective_bytes) / 1e6,
                 "p2p_mb": _max(stats.sent_bytes) / 1e6}

@@ -8,7 +8,8 @@ those ranks. 6.2 (parameters per rank under each strategy) and 6.3 (choosing a
 mesh for a real run) are arithmetic: the student's functions run in the
 student's process, and their answers are judged here against the library's
 formulas and a brute-force search. Predictions 6.1 (the bytes a pipeline stage
-sends) and 6.2 (model state per GPU on a mesh): :mod:`.predictions`.
+sends) and 6.2 (model state per GPU on a mesh): :mod:`.predictions`; Exercise 6.4
+(DP x TP x PP at once, from a blank page): :mod:`.three_d`.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from course_lib.grading import checks
 from course_lib.grading.lab06.predictions import (check_p2p_bytes_prediction,
                                                   check_state_bytes_prediction)
+from course_lib.grading.lab06.three_d import check_three_d
 from course_lib.grading.requests import call_each, here, on_ranks
 from course_lib.mesh import DIMS, ParallelDims
 from course_lib.models import GPTConfig
@@ -271,4 +273,4 @@ def check_choose_mesh(choose_mesh):
 
 __all__ = ["check_mesh_groups", "check_params_per_rank", "check_choose_mesh", "SHAPES",
            "LAUNCHED", "PARAM_CASES", "plan_cases", "check_p2p_bytes_prediction",
-           "check_state_bytes_prediction"]
+           "check_state_bytes_prediction", "check_three_d"]

@@ -1,0 +1,97 @@
+"""The course GPT on all three dims at once: DP x TP x PP (Lab 06).
+
+On ``dp * tp * pp`` ranks laid out as :class:`~course_lib.mesh.ParallelDims` lays them
+out (tp fastest, then dp, then pp), rank (pp_i, dp_i, tp_i):
+
+- builds pipeline stage pp_i of the GPT (Lab 04's partition of its pieces) and makes
+  every block of it tensor parallel over its tp group (Lab 05: attention by heads, the
+  MLP column then row; embeddings, LayerNorms and head whole on each tp rank);
+- passes activations forward and gradients back along its pp group, to the rank of
+  the next (previous) stage with the same (dp_i, tp_i): the tp ranks of a stage hold
+  the same activation, so each sends its own copy to its own counterpart;
+- averages its gradients over its dp group once the stage's last backward is done
+  (each tp rank averages its own shards with the replicas' same shards);
+- takes rows dp_i of the global batch, split into microbatches by the 1F1B schedule:
+  only the first stage reads the tokens and only the last the targets.
+
+Eight ranks as (pp, dp, tp) = (2, 2, 2) train like one process on the whole batch::
+
+    out = run(train_strategy, "dp_tp_pp", cfg, dp=2, inner=4, tp=2, nproc=8)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course_lib.mesh import ParallelDims
+from course_lib.models import Block
+from course_lib.pipeline.runs import gpt_loss
+from course_lib.runtime.backend import current_device
+
+
+def tp_dense_state(module):
+    """{name: full tensor} of ``module``'s parameters, each tensor-parallel layer's
+    shards gathered over its tp group (every rank of the group calls it)."""
+    from course_lib.tp import ColumnParallelLinear, RowParallelLinear
+
+    state = {n: p.detach().clone() for n, p in module.named_parameters()}
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, (ColumnParallelLinear, RowParallelLinear)):
+            for name, tensor in sub.dense_state().items():
+                state[f"{prefix}.{name}"] = tensor
+    return state
+
+
+def build_3d(cfg, dp, tp, pp, seed, lr, microbatches, schedule, collectives):
+    """(dims, stage module in FlatDDP, its PipelineStage, optimizer, schedule) of this
+    rank: see the module's docstring."""
+    from course_lib.ddp import FlatDDP
+    from course_lib.pipeline import PipelineStage, make_schedule
+    from course_lib.pipeline.stage import gpt_stage
+    from course_lib.tp import parallelize_block
+
+    dims = ParallelDims(dp=dp, tp=tp, pp=pp).build()
+    s = dims.coords.pp
+    module = gpt_stage(cfg, s, pp, seed).to(current_device())
+    for block in [m for m in module.modules() if isinstance(m, Block)]:
+        parallelize_block(block, dims.group("tp"), collectives=collectives)
+    ddp = FlatDDP(module, process_group=dims.group("dp"), all_reduce=collectives)
+    ddp.require_backward_grad_sync = False  # sync_gradients() after the pipeline's step
+    stage = PipelineStage(ddp, s, pp, group=dims.group("pp"))
+    opt = torch.optim.AdamW(module.parameters(), lr=lr)
+    return dims, ddp, stage, opt, make_schedule(schedule, pp, microbatches)
+
+
+def dp_tp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, tp=2, **_):
+    """The ``"dp_tp_pp"`` strategy of :func:`~course_lib.hybrid.strategies.build`:
+    ``inner`` = tp x pp ranks per replica."""
+    from course_lib.hybrid.strategies import Strategy, mean_over_replicas
+    from course_lib.pipeline import pipeline_step
+
+    if inner % tp:
+        raise ValueError(f"DP x TP x PP: inner = {inner} ranks per replica is not a "
+                         f"multiple of tp = {tp}")
+    pp = inner // tp
+    dims, ddp, stage, opt, plan = build_3d(cfg, dp, tp, pp, seed, lr, microbatches,
+                                           schedule, collectives)
+    loss_fn = gpt_loss(cfg.vocab)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = pipeline_step(stage, plan, batch=run.rows(x) if stage.is_first else None,
+                             targets=run.rows(y) if stage.is_last else None,
+                             loss_fn=loss_fn if stage.is_last else None)
+        ddp.sync_gradients()
+        opt.step()
+        # one rank per replica reports: the last stage's first tp rank
+        return mean_over_replicas(loss, stage.is_last and dims.coords.tp == 0, dp)
+
+    def full_state():
+        mine = {n: t.cpu() for n, t in tp_dense_state(ddp.module).items()}
+        stages = [None] * pp
+        dist.all_gather_object(stages, mine, group=dims.group("pp"))
+        return {n: t for part in stages for n, t in part.items()}
+
+    run = Strategy("dp_tp_pp", dims, ddp, opt, step, full_state, (dims.coords.dp, dp),
+                   extra={"stage": stage, "schedule": plan})
+    return run
