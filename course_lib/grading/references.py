@@ -57,6 +57,11 @@ REFERENCES = {
     "Exercise 2.2": ("course_lib.ddp.buckets:assign_buckets",),
     "Exercise 2.3": ("course_lib.ddp.bucketed:DDP",),
     "Exercise 2.5": ("course_lib.ddp.comm_hooks:bf16_compress_hook",),
+    # the whole class: the library's DDP and its parts (deriving from _DataParallel is
+    # deriving from any of them), and torch's DDP, the reference the check compares with
+    "Exercise 2.6": ("course_lib.ddp.bucketed:DDP", "course_lib.ddp.naive:_DataParallel",
+                     "course_lib.ddp.buckets:Bucket", "course_lib.ddp.buckets:assign_buckets",
+                     "torch.nn.parallel.distributed:DistributedDataParallel"),
     # the student times the two algorithms with their own formulas (Prediction 1.2's, say)
     "Exercise 1.6": ("course_lib.collectives.adaptive:adaptive_all_reduce",
                      "course_lib.collectives.rooted:star_all_reduce",
@@ -174,11 +179,13 @@ def _student_code(obj):
 
 def _codes(obj):
     """Code objects of a reference: a function's, or every method's of a class (not of
-    classes nested in it: an autograd Function and its ``_backward_cls`` name each other)."""
+    classes nested in it: an autograd Function and its ``_backward_cls`` name each other).
+    Decorated ones are unwrapped: the wrapper's code (``contextlib.contextmanager``'s,
+    ``torch.no_grad``'s) is shared by every function so decorated, the student's too."""
     if inspect.isclass(obj):
-        members = [getattr(m, "__func__", m) for m in vars(obj).values()]
+        members = [inspect.unwrap(getattr(m, "__func__", m)) for m in vars(obj).values()]
         return [m.__code__ for m in members if inspect.isfunction(m)]
-    obj = getattr(obj, "__func__", obj)
+    obj = inspect.unwrap(getattr(obj, "__func__", obj))
     return [obj.__code__] if inspect.isfunction(obj) else []
 
 

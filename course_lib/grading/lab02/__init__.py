@@ -10,7 +10,8 @@ that a factor (the sum instead of the average) is named as a factor.
 - :mod:`.jobs`: what runs on the student's ranks (or in its process) and reports;
 - :mod:`.references`: the inputs and the expected values;
 - :mod:`.messages`: hints and diagnoses;
-- :mod:`.predictions`: Predictions 2.1 and 2.2.
+- :mod:`.predictions`: Predictions 2.1 and 2.2;
+- :mod:`.blank_page`: Exercise 2.6, a whole DDP class against torch's.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from course_lib.grading import checks
 from course_lib.grading.lab02 import jobs, messages, references
+from course_lib.grading.lab02.blank_page import check_ddp_from_blank_page  # noqa: F401
 from course_lib.grading.lab02.predictions import (check_bytes_per_step_prediction,  # noqa: F401
                                                   check_gradient_ratio_prediction)
 from course_lib.grading.lab02.references import (DEPTH, HAND_CASES, LAYER_BYTES, LR,  # noqa: F401

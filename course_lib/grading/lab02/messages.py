@@ -153,3 +153,91 @@ def diagnose_hook_training(ex, mine, theirs, bucket_of, rank, n):
                     "another size: the hook must work on whichever bucket it is given and "
                     "return the future of that bucket's averaged buffer.")
         raise checks.CheckFailed(f"{where}\nHint: {hint}", exercise=ex)
+
+
+# ---- Exercise 2.6: a whole DDP class ---------------------------------------------------------
+BLANK_PAGE_HINT = ("in each parameter's hook copy p.grad into its bucket's flat buffer; when a "
+                   "bucket is full, all-reduce it (SUM, async_op=True); at the end of backward "
+                   "wait for every bucket, divide by the world size once and copy the buffers "
+                   "back into the .grad tensors")
+
+
+def not_broadcast(ex, rank, n):
+    return (f"{ex}: rank {rank} of world size {n}: right after your class wrapped the model, "
+            f"this rank's parameters are still its own (each rank built the model from "
+            f"another seed), not rank 0's.\nHint: in __init__, broadcast every parameter "
+            f"(and buffer) from rank 0 of the process group, under torch.no_grad(), before "
+            f"anything else: dist.broadcast(p.data, group=process_group, group_src=0).")
+
+
+def not_waited(ex, rank, n, step, unwaited, launched):
+    return (f"{ex}: rank {rank} of world size {n}, step {step}: when loss.backward() "
+            f"returned, {unwaited} of the {launched} all-reduces your class launched had "
+            f"not been waited for, so the optimizer would read gradients that may still "
+            f"be in flight (a race: right on a fast run, wrong on a slow one).\nHint: in "
+            f"the callback that runs at the end of backward, call .wait() on the work of "
+            f"every bucket before copying its buffer back into the .grad tensors.")
+
+
+def bucket_problem(ex, rank, n, step, sizes, plan, forward_plan, params, cap_bytes):
+    """What is wrong with the all-reduces of one synchronised backward (``sizes``, their
+    element counts in issue order) against ``plan``, the element counts of the buckets
+    that ``cap_bytes`` makes from the last parameter to the first; None when they match."""
+    if sizes == plan:
+        return None
+    where = (f"{ex}: rank {rank} of world size {n}, step {step}: backward issued "
+             f"{len(sizes)} all-reduce(s) of {sizes} elements")
+    want = (f"expected {len(plan)}, one per bucket the cap of {cap_bytes} bytes makes, of "
+            f"{plan} elements in this order")
+    if not sizes:
+        hint = ("no dist.all_reduce call was seen. Call it as dist.all_reduce(buffer, "
+                "group=..., async_op=True): a name imported on its own (from "
+                "torch.distributed import all_reduce) cannot be watched")
+    elif sizes == forward_plan:
+        hint = ("these are the buckets of the parameters taken first to last, in forward "
+                "order. Backward produces the last layer's gradients first: fill the "
+                "buckets walking the parameters from last to first (your assign_buckets "
+                "of Exercise 2.2)")
+    elif len(sizes) == params:
+        hint = ("one all-reduce per parameter: put the gradients of a bucket in one flat "
+                "buffer and all-reduce that buffer once")
+    elif sorted(sizes) == sorted(plan):
+        hint = ("the right buckets in another order: launch bucket i only after buckets "
+                "0..i-1, on every rank")
+    else:
+        hint = ("bucket_cap_mb is in MiB (cap = int(bucket_cap_mb * 2**20) bytes, 4 bytes "
+                "a float32); walk the parameters from last to first and close a bucket "
+                "with the parameter that takes it to at least the cap")
+    return f"{where}; {want}.\nHint: {hint}."
+
+
+def blocking(ex, rank, n, count):
+    return (f"{ex}: rank {rank} of world size {n}: {count} all-reduce(s) in the last "
+            f"backward were blocking (async_op=False): backward stood still while each "
+            f"bucket travelled.\nHint: launch each bucket with dist.all_reduce(..., "
+            f"async_op=True), keep the work, and wait for it at the end of backward.")
+
+
+def reduced_inside_no_sync(ex, rank, n, count, micro):
+    return (f"{ex}: rank {rank} of world size {n}: {count} all-reduce(s) were issued during "
+            f"the {micro - 1} micro-batches run inside `with model.no_sync():`.\nHint: "
+            f"no_sync() turns synchronisation off for the forward and backward passes "
+            f"inside it (set a flag on entry, restore it on exit, also when an exception "
+            f"leaves the block); the hooks then leave .grad to accumulate and launch nothing.")
+
+
+def unused_raised(ex, n, raised):
+    return (f"{ex}: world size {n}, a model with a layer that forward never calls (its "
+            f"parameters' hooks never fire): training it with your class raised {raised}\n"
+            f"Hint: at the end of backward, launch the buckets still waiting, with zeros "
+            f"for the gradients that never came, so every bucket goes out on every rank.")
+
+
+def nothing_overlapped(ex, rank, n, launched, after_end):
+    when = (f"{after_end} of them only after backward had computed every gradient" if after_end
+            else "all of them from the last hook, once every gradient was there")
+    return (f"{ex}: rank {rank} of world size {n}, the last step: none of the {launched} "
+            f"all-reduces started before the last gradient hook of backward fired ({when}), "
+            f"so no bucket travelled while backward computed.\nHint: launch a bucket from the "
+            f"hook that completes it (and every bucket before it that is complete), not "
+            f"once all gradients are there.")

@@ -34,9 +34,9 @@ def data(world):
             torch.randn(PER_RANK * world, WIDTH, generator=gen, device="cpu"))
 
 
-def shard(rank):
-    """The rows of the batch that rank ``rank`` trains on."""
-    return slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+def shard(rank, rows=PER_RANK):
+    """The rows of the batch that rank ``rank`` trains on, ``rows`` per rank."""
+    return slice(rank * rows, (rank + 1) * rows)
 
 
 def bucket_cases(trials):
