@@ -158,7 +158,7 @@ def _dp_tp(cfg, dp, inner, seed, lr, collectives, **_):
 
 def _dp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, **_):
     from course_lib.ddp import FlatDDP
-    from course_lib.pipeline import PipelineStage, make_schedule, pipeline_step
+    from course_lib.pipeline import PipelineStage, make_schedule
     from course_lib.pipeline.stage import gpt_stage
 
     dims = ParallelDims(dp=dp, pp=inner).build()
@@ -169,6 +169,17 @@ def _dp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, **_):
     stage = PipelineStage(ddp, s, inner, group=dims.group("pp"))
     plan = make_schedule(schedule, inner, microbatches)
     opt = torch.optim.AdamW(module.parameters(), lr=lr)
+    return pipeline_run("dp_pp", dims, ddp, stage, opt, plan, cfg, dp, stage.is_last,
+                        lambda: {n: p.detach().cpu().clone()
+                                 for n, p in module.named_parameters()})
+
+
+def pipeline_run(name, dims, ddp, stage, opt, plan, cfg, dp, holds_loss, stage_state):
+    """The Strategy of a pipelined replica (DP x PP, DP x TP x PP): a step runs the
+    schedule on its rows, averages the stage's gradients over dp, then steps;
+    ``stage_state()`` is this stage's part of the full state, gathered over pp."""
+    from course_lib.pipeline import pipeline_step
+
     loss_fn = gpt_loss(cfg.vocab)
 
     def step(x, y):
@@ -178,15 +189,14 @@ def _dp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, **_):
                              loss_fn=loss_fn if stage.is_last else None)
         ddp.sync_gradients()
         opt.step()
-        return mean_over_replicas(loss, stage.is_last, dp)
+        return mean_over_replicas(loss, holds_loss, dp)
 
     def full_state():
-        mine = {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
-        stages = [None] * inner
-        dist.all_gather_object(stages, mine, group=dims.group("pp"))
+        stages = [None] * stage.n_stages
+        dist.all_gather_object(stages, stage_state(), group=dims.group("pp"))
         return {n: t for part in stages for n, t in part.items()}
 
-    run = Strategy("dp_pp", dims, ddp, opt, step, full_state, (dims.coords.dp, dp),
+    run = Strategy(name, dims, ddp, opt, step, full_state, (dims.coords.dp, dp),
                    extra={"stage": stage, "schedule": plan})
     return run
 

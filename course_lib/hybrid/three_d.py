@@ -21,11 +21,9 @@ Eight ranks as (pp, dp, tp) = (2, 2, 2) train like one process on the whole batc
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from course_lib.mesh import ParallelDims
 from course_lib.models import Block
-from course_lib.pipeline.runs import gpt_loss
 from course_lib.runtime.backend import current_device
 
 
@@ -65,33 +63,14 @@ def build_3d(cfg, dp, tp, pp, seed, lr, microbatches, schedule, collectives):
 def dp_tp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, tp=2, **_):
     """The ``"dp_tp_pp"`` strategy of :func:`~course_lib.hybrid.strategies.build`:
     ``inner`` = tp x pp ranks per replica."""
-    from course_lib.hybrid.strategies import Strategy, mean_over_replicas
-    from course_lib.pipeline import pipeline_step
+    from course_lib.hybrid.strategies import pipeline_run
 
     if inner % tp:
         raise ValueError(f"DP x TP x PP: inner = {inner} ranks per replica is not a "
                          f"multiple of tp = {tp}")
-    pp = inner // tp
-    dims, ddp, stage, opt, plan = build_3d(cfg, dp, tp, pp, seed, lr, microbatches,
+    dims, ddp, stage, opt, plan = build_3d(cfg, dp, tp, inner // tp, seed, lr, microbatches,
                                            schedule, collectives)
-    loss_fn = gpt_loss(cfg.vocab)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = pipeline_step(stage, plan, batch=run.rows(x) if stage.is_first else None,
-                             targets=run.rows(y) if stage.is_last else None,
-                             loss_fn=loss_fn if stage.is_last else None)
-        ddp.sync_gradients()
-        opt.step()
-        # one rank per replica reports: the last stage's first tp rank
-        return mean_over_replicas(loss, stage.is_last and dims.coords.tp == 0, dp)
-
-    def full_state():
-        mine = {n: t.cpu() for n, t in tp_dense_state(ddp.module).items()}
-        stages = [None] * pp
-        dist.all_gather_object(stages, mine, group=dims.group("pp"))
-        return {n: t for part in stages for n, t in part.items()}
-
-    run = Strategy("dp_tp_pp", dims, ddp, opt, step, full_state, (dims.coords.dp, dp),
-                   extra={"stage": stage, "schedule": plan})
-    return run
+    # one rank per replica reports the loss: the last stage's first tp rank
+    return pipeline_run("dp_tp_pp", dims, ddp, stage, opt, plan, cfg, dp,
+                        stage.is_last and dims.coords.tp == 0,
+                        lambda: {n: t.cpu() for n, t in tp_dense_state(ddp.module).items()})
