@@ -93,6 +93,7 @@ REFERENCES = {
                      "course_lib.pipeline.stage:backward_step"),
     "Exercise 4.4": ("course_lib.pipeline.partition:partition",
                      "course_lib.pipeline.partition:partition_brute_force"),
+    "Exercise 4.5": ("course_lib.pipeline.async_1f1b:WeightStash",),
     "Exercise 5.1": (),  # two list comprehensions: nothing in course_lib to hand over
     "Exercise 5.2": ("course_lib.tp.operators:CopyToTP", "course_lib.tp.operators:ReduceFromTP",
                      "course_lib.tp.operators:copy_to_tp",

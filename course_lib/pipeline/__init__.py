@@ -22,7 +22,12 @@ by p-s microbatches instead of m.
   take a fixed time
 - :mod:`~course_lib.pipeline.draw`: schedules and measured timelines drawn, a widget
 - :mod:`~course_lib.pipeline.runs`: the jobs Lab 04 and the benchmark run on every rank
+- :mod:`~course_lib.pipeline.async_1f1b`: PipeDream's asynchronous 1F1B on real ranks, an
+  update after every backward, ``WeightStash``, and ``replay`` in one process
+- :mod:`~course_lib.pipeline.versions`: the weight versions a run used, the bytes its stash
+  held, and what 1F1B's order implies for them
 """
+from course_lib.pipeline.async_1f1b import NoStash, WeightStash, async_1f1b, replay
 from course_lib.pipeline.executor import microbatch_rows, pipeline_step
 from course_lib.pipeline.measure import FixedTimeStage, measured_bubble, measured_timeline
 from course_lib.pipeline.partition import bottleneck, even_split, partition, partition_brute_force
@@ -42,4 +47,5 @@ __all__ = ["Action", "SCHEDULES", "naive", "gpipe", "one_f_one_b", "interleaved_
            "even_split", "PipelineStage", "forward_step", "backward_step", "GPTStage",
            "gpt_stage", "gpt_pieces", "gpt_piece_costs", "uneven_mlp", "mlp_stage",
            "sequential_stage", "pipeline_step", "microbatch_rows", "FixedTimeStage",
-           "measured_bubble", "measured_timeline"]
+           "measured_bubble", "measured_timeline", "async_1f1b", "WeightStash", "NoStash",
+           "replay"]

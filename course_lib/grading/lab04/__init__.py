@@ -9,7 +9,8 @@ likely mistake. 4.3 is one microbatch's forward and backward on a stage, run by
 the library's executor under real torchrun at 2 and 3 stages against one process
 training the whole model on the whole batch (here). 4.4 is the partitioner,
 against brute force on random costs. Predictions 4.1 and 4.2:
-:mod:`~course_lib.grading.lab04.predictions`.
+:mod:`~course_lib.grading.lab04.predictions`; 4.5, the weight stash of PipeDream's
+asynchronous 1F1B: :mod:`~course_lib.grading.lab04.stashing`.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from course_lib.grading.lab04.jobs import (LR, MLP_SIZES, STEPS, data, partition
                                            schedules, stage_job)
 from course_lib.grading.lab04.predictions import (check_bubble_prediction,  # noqa: F401
                                                   check_in_flight_prediction)
+from course_lib.grading.lab04.stashing import check_weight_stash  # noqa: F401
 from course_lib.grading.requests import here, on_ranks
 from course_lib.pipeline import (bubble_fraction, gpipe, one_f_one_b, partition_brute_force,
                                  peak_in_flight, simulate, uneven_mlp, validate)
