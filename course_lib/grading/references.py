@@ -8,10 +8,11 @@ so :func:`reference_use` looks for it and the check fails, saying so::
     reference_use("Exercise 0.3", [ring_shift])
     # ['ring_shift is course_lib.collectives.p2p.ring_shift']
 
-Entries are ``"module:qualname"`` strings, imported only when a check asks, so a
-lab's registry costs nothing until it is graded and registering a lab is one
-line. An entry that no longer resolves (the library moved something) is skipped
-with a warning rather than breaking students' checks; a test keeps them valid.
+Entries (:mod:`course_lib.grading.registry`) are ``"module:qualname"`` strings, imported
+only when a check asks, so a lab's registry costs nothing until it is graded and
+registering a lab is one line. An entry that no longer resolves (the library moved
+something) is skipped with a warning rather than breaking students' checks; a test
+keeps them valid.
 
 What is recognised, starting from the objects a check is handed (a job function,
 its arguments, and what they close over, as :mod:`course_lib.grading.stubs`
@@ -38,90 +39,7 @@ import types
 import warnings
 
 from course_lib.grading import ids
-
-# exercise id -> "module:qualname" of the course_lib objects that implement it.
-REFERENCES = {
-    "Exercise 0.1": ("course_lib.collectives.p2p:ping_pong",),
-    "Exercise 0.2": ("course_lib.collectives.p2p:token_ring",),
-    "Exercise 0.3": ("course_lib.collectives.p2p:ring_shift",),
-    "Exercise 1.1": ("course_lib.collectives.rooted:naive_all_reduce",),
-    "Exercise 1.2": ("course_lib.collectives.ring:reduce_scatter",
-                     "course_lib.collectives.ring:_reduce_scatter"),
-    "Exercise 1.3": ("course_lib.collectives.ring:all_gather",
-                     "course_lib.collectives.ring:_all_gather"),
-    "Exercise 1.4": ("course_lib.collectives.ring:all_reduce",
-                     "course_lib.collectives.ring:_all_reduce"),
-    "Exercise 1.5": ("course_lib.collectives.rooted:pipelined_broadcast",),
-    "Prediction 1.2": ("course_lib.collectives.cost_model:ring_all_reduce_time",),
-    "Exercise 2.1": ("course_lib.ddp.naive:NaiveDDP", "course_lib.ddp.naive:FlatDDP"),
-    "Exercise 2.2": ("course_lib.ddp.buckets:assign_buckets",),
-    "Exercise 2.3": ("course_lib.ddp.bucketed:DDP",),
-    "Exercise 2.5": ("course_lib.ddp.comm_hooks:bf16_compress_hook",),
-    # the whole class: the library's DDP and its parts (deriving from _DataParallel is
-    # deriving from any of them), and torch's DDP, the reference the check compares with
-    "Exercise 2.6": ("course_lib.ddp.bucketed:DDP", "course_lib.ddp.naive:_DataParallel",
-                     "course_lib.ddp.buckets:Bucket", "course_lib.ddp.buckets:assign_buckets",
-                     "torch.nn.parallel.distributed:DistributedDataParallel"),
-    # the student times the two algorithms with their own formulas (Prediction 1.2's, say)
-    "Exercise 1.6": ("course_lib.collectives.adaptive:adaptive_all_reduce",
-                     "course_lib.collectives.rooted:star_all_reduce",
-                     "course_lib.collectives.cost_model:choose_all_reduce",
-                     "course_lib.collectives.cost_model:star_ring_crossover",
-                     "course_lib.collectives.cost_model:star_all_reduce_time",
-                     "course_lib.collectives.cost_model:ring_all_reduce_time"),
-    "Prediction 2.1": ("course_lib.ddp.traffic:dp_bytes_through_device0",
-                       "course_lib.ddp.traffic:ddp_bytes_per_rank"),
-    "Exercise 3.1": ("course_lib.memory.estimate:param_count",),
-    "Exercise 3.2": ("course_lib.memory.estimate:model_state_bytes",),
-    "Exercise 3.4": ("course_lib.fsdp.zero1:ShardedOptimizer",),
-    "Exercise 3.5": ("course_lib.fsdp.unit:flatten_and_shard",),
-    "Exercise 3.6": ("course_lib.fsdp.unit:GatherShards",),
-    "Exercise 3.7": ("course_lib.fsdp.unit:free_between_passes",),
-    "Exercise 3.8": ("course_lib.fsdp.fsdp:prefetch_targets",),
-    "Exercise 3.9": ("course_lib.memory.precision:FP32Master",),
-    # torch's own scaler is the reference the check compares with: subclassing it is not writing it
-    "Exercise 3.10": ("course_lib.memory.loss_scaling:DynamicLossScaler",
-                      "torch.amp.grad_scaler:GradScaler", "torch.cuda.amp.grad_scaler:GradScaler"),
-    "Prediction 3.2": ("course_lib.memory.precision:state_bytes_per_param",
-                       "course_lib.memory.precision:measure_recipe"),
-    # ZeRO-1's ShardedOptimizer already flattens, pads and shards: deriving from it is half the work
-    "Exercise 3.11": ("course_lib.fsdp.zero2:ZeRO2", "course_lib.fsdp.zero1:ShardedOptimizer"),
-    "Exercise 4.1": ("course_lib.pipeline.schedules:gpipe",),
-    "Prediction 4.1": ("course_lib.pipeline.simulate:bubble_fraction",),
-    "Exercise 4.2": ("course_lib.pipeline.schedules:one_f_one_b",),
-    "Exercise 4.3": ("course_lib.pipeline.stage:forward_step",
-                     "course_lib.pipeline.stage:backward_step"),
-    "Exercise 4.4": ("course_lib.pipeline.partition:partition",
-                     "course_lib.pipeline.partition:partition_brute_force"),
-    "Exercise 4.5": ("course_lib.pipeline.async_1f1b:WeightStash",),
-    "Exercise 5.1": (),  # two list comprehensions: nothing in course_lib to hand over
-    "Exercise 5.2": ("course_lib.tp.operators:CopyToTP", "course_lib.tp.operators:ReduceFromTP",
-                     "course_lib.tp.operators:copy_to_tp",
-                     "course_lib.tp.operators:reduce_from_tp"),
-    "Exercise 5.3": ("course_lib.tp.blocks:ParallelMLP", "course_lib.tp.layers:ColumnParallelLinear",
-                     "course_lib.tp.layers:RowParallelLinear"),
-    "Exercise 5.4": ("course_lib.tp.layers:column_shard",),
-    "Exercise 5.5": ("course_lib.tp.volume:grid_volume",),
-    # the block and every piece it is made of: the student's own f, g and layers
-    "Exercise 5.6": ("course_lib.tp.blocks:ParallelBlock",
-                     "course_lib.tp.blocks:parallelize_block", "course_lib.tp.blocks:parallelize",
-                     "course_lib.tp.blocks:ParallelAttention", "course_lib.tp.blocks:ParallelMLP",
-                     "course_lib.tp.layers:ColumnParallelLinear",
-                     "course_lib.tp.layers:RowParallelLinear", "course_lib.tp.layers:column_shard",
-                     "course_lib.tp.operators:CopyToTP", "course_lib.tp.operators:ReduceFromTP",
-                     "course_lib.tp.operators:copy_to_tp",
-                     "course_lib.tp.operators:reduce_from_tp"),
-    "Exercise 6.1": ("course_lib.mesh:ParallelDims",),
-    "Exercise 6.2": ("course_lib.hybrid.table:params_per_rank",
-                     "course_lib.hybrid.table:model_state_estimate"),
-    "Exercise 6.3": ("course_lib.hybrid.plan:best_mesh", "course_lib.hybrid.plan:valid_meshes"),
-    # the library's 3D run, whole or as the strategy that wraps it
-    "Exercise 6.4": ("course_lib.hybrid.three_d:build_3d", "course_lib.hybrid.three_d:dp_tp_pp",
-                     "course_lib.hybrid.strategies:build",
-                     "course_lib.hybrid.strategies:train_strategy"),
-    # model_state_bytes(P / (tp pp), dp, z)["total"] is the whole answer of Prediction 6.2
-    "Prediction 6.2": ("course_lib.memory.estimate:model_state_bytes",),
-}
+from course_lib.grading.registry import REFERENCES
 
 _LOADS = {"LOAD_GLOBAL", "LOAD_NAME"}
 _ATTRS = {"LOAD_ATTR", "LOAD_METHOD"}
