@@ -36,38 +36,6 @@ class StaticLossScaler:
 
     def __init__(self, scale=2.0**16):
         self._scale = float(scale)
-
-    def scale(self, loss):
-        return loss * self._scale
-
-    def step(self, optimizer):
-        grads = _grads(optimizer)
-        for g in grads:
-            g.div_(self._scale)
-        if all(torch.isfinite(g).all() for g in grads):
-            optimizer.step()
-
-    def update(self):
-        pass
-
-    def get_scale(self):
-        return self._scale
-
-
-class DynamicLossScaler:
-    """The scale that backs off on overflow and grows after ``growth_interval`` clean
-    steps: torch's ``GradScaler`` semantics (unscale in ``step``, adjust in
-    ``update``), without its per-device bookkeeping."""
-
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000):
-        if not (growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
-            raise ValueError("need growth_factor > 1, 0 < backoff_factor < 1, "
-                             "growth_interval >= 1")
-        self._scale = float(init_scale)
-        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
-        self.growth_interval = growth_interval
-        self._clean_steps = 0
         self._found_inf = False
 
     def scale(self, loss):
@@ -84,6 +52,28 @@ class DynamicLossScaler:
             optimizer.step()
 
     def update(self):
+        pass
+
+    def get_scale(self):
+        return self._scale
+
+
+class DynamicLossScaler(StaticLossScaler):
+    """The scale that backs off on overflow and grows after ``growth_interval`` clean
+    steps: torch's ``GradScaler`` semantics (unscale in ``step``, adjust in
+    ``update``), without its per-device bookkeeping."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        if not (growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
+            raise ValueError("need growth_factor > 1, 0 < backoff_factor < 1, "
+                             "growth_interval >= 1")
+        super().__init__(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval = growth_interval
+        self._clean_steps = 0
+
+    def update(self):
         if self._found_inf:
             self._scale *= self.backoff_factor
             self._clean_steps = 0
@@ -92,9 +82,6 @@ class DynamicLossScaler:
         if self._clean_steps == self.growth_interval:
             self._scale *= self.growth_factor
             self._clean_steps = 0
-
-    def get_scale(self):
-        return self._scale
 
 
 def overflow_model(seed=0, width=24):

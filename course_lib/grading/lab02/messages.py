@@ -114,11 +114,14 @@ def launch_order_problem(ex, rank, n, launched, buckets):
     return None
 
 
+OVERLAP_HINT = ("launch a bucket from the hook that completes it (and every bucket before "
+                "it that is complete), not once all gradients are there.")
+
+
 def no_overlap(ex, rank, n):
     return (f"{ex}: rank {rank} of world size {n} launched no bucket before the last "
             f"gradient hook fired: the all-reduces all start at the end of backward, "
-            f"so nothing overlaps.\nHint: launch a bucket from the hook that "
-            f"completes it (and all buckets before it), not once everything is ready.")
+            f"so nothing overlaps.\nHint: {OVERLAP_HINT}")
 
 
 def no_sync_problem(ex, rank, n, k, per_step):
@@ -238,6 +241,4 @@ def nothing_overlapped(ex, rank, n, launched, after_end):
             else "all of them from the last hook, once every gradient was there")
     return (f"{ex}: rank {rank} of world size {n}, the last step: none of the {launched} "
             f"all-reduces started before the last gradient hook of backward fired ({when}), "
-            f"so no bucket travelled while backward computed.\nHint: launch a bucket from the "
-            f"hook that completes it (and every bucket before it that is complete), not "
-            f"once all gradients are there.")
+            f"so no bucket travelled while backward computed.\nHint: {OVERLAP_HINT}")

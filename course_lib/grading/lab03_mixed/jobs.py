@@ -37,16 +37,16 @@ def train_with_master(master_cls, seed, lr, steps):
 
     master = master_cls(model.parameters(), make_optimizer)
     x, y = master_batch(seed)
-    sizes = None
     for _ in range(steps):
         master.zero_grad()
         F.mse_loss(model(x.to(torch.bfloat16)).float(), y).backward()
         master.step()
-        if made:
-            state = model_state_bytes_of(model, made[0])
-            masters = [p for g in made[0].param_groups for p in g["params"]]
-            sizes = {**state, "master": _storages(masters),
-                     "master_grads": _storages(p.grad for p in masters)}
+    sizes = None  # what the state holds after the last step (between two steps)
+    if made:
+        state = model_state_bytes_of(model, made[0])
+        masters = [p for g in made[0].param_groups for p in g["params"]]
+        sizes = {**state, "master": _storages(masters),
+                 "master_grads": _storages(p.grad for p in masters)}
     return made, model, sizes
 
 

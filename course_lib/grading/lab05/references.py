@@ -78,15 +78,20 @@ def mlp_input():
     return seeded(8, 3, 5, H).requires_grad_(), seeded(9, 3, 5, H)
 
 
+def one_process(module, x, weight, params):
+    """(output, X's gradient, ``params`` ({name: parameter}) and their gradients) of
+    the loss sum(module(X) * weight), on one process: what the ranks must reproduce."""
+    y = module(x)
+    (y * weight).sum().backward()
+    return y.detach(), x.grad, {k: v.detach() for k, v in params.items()}, \
+        {k: v.grad for k, v in params.items()}
+
+
 def dense_mlp_reference():
     """(output, X's gradient, the dense parameters, their gradients) on one process."""
     mlp = dense_mlp()
-    x, weight = mlp_input()
-    y = mlp(x)
-    (y * weight).sum().backward()
     full = {"w1": mlp[0].weight, "b1": mlp[0].bias, "w2": mlp[2].weight, "b2": mlp[2].bias}
-    return y.detach(), x.grad, {k: v.detach() for k, v in full.items()}, \
-        {k: v.grad for k, v in full.items()}
+    return one_process(mlp, *mlp_input(), full)
 
 
 def shard(full, dim, r, t):
