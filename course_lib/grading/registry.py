@@ -84,4 +84,17 @@ REFERENCES = {
                      "course_lib.hybrid.strategies:train_strategy"),
     # model_state_bytes(P / (tp pp), dp, z)["total"] is the whole answer of Prediction 6.2
     "Prediction 6.2": ("course_lib.memory.estimate:model_state_bytes",),
+    # Lab 07: the library's all-to-all, and torch's, which the check compares against
+    "Exercise 7.1": ("course_lib.collectives.all_to_all:all_to_all",
+                     "course_lib.collectives.all_to_all:all_to_all_v",
+                     "torch.distributed.distributed_c10d:all_to_all_single",
+                     "torch.distributed.distributed_c10d:all_to_all"),
+    "Exercise 7.2": ("course_lib.cp.blockwise:merge",),
+    "Exercise 7.3": ("course_lib.cp.ring_attention:ring_forward",
+                     "course_lib.cp.ring_attention:ring_attention",
+                     "course_lib.cp.ring_attention:RingAttention"),
+    "Exercise 7.4": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
+                     "course_lib.ep.moe:kept_assignments"),
+    "Prediction 7.1": ("course_lib.cp.traffic:layer_bytes_sent",),
+    "Prediction 7.2": ("course_lib.cp.memory:activation_bytes",),
 }

@@ -14,6 +14,7 @@ from course_lib.grading.lab03_mixed import predictions as lab03_mixed
 from course_lib.grading.lab04 import predictions as lab04
 from course_lib.grading.lab05 import predictions as lab05
 from course_lib.grading.lab06 import predictions as lab06
+from course_lib.grading.lab07 import predictions as lab07
 from course_lib.grading.predictions import grade_numbers, predicted_numbers
 
 
@@ -84,6 +85,13 @@ PREDICTIONS = [
      lambda p, dp, tp, pp, z: p / (tp * pp) * (2 / (dp if z == 3 else 1)
                                                + 2 / (dp if z >= 2 else 1) + 12 / (dp if z else 1)),
      lab06.STATE_WRONG),
+    ("7.1", lab07.check_traffic_prediction,
+     lambda sp, b, s, h, n, k: 4 * {"cp": 2 * (n - 1) * b * s * h / n,
+                                    "tp_sp": 2 * (n - 1) / n * b * s * h,
+                                    "ep": 2 * k * (n - 1) / n * b * s / n * h}[sp],
+     lab07.TRAFFIC_WRONG),
+    ("7.2", lab07.check_activation_prediction,
+     lambda b, s, h, heads, cp: 4 * (6 * b * s * h + b * heads * s) / cp, lab07.MEMORY_WRONG),
 ]
 
 

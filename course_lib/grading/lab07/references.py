@@ -1,0 +1,184 @@
+"""What Lab 07's checks compare with, worked out in the checking process from the inputs
+they chose, with plain loops and dense attention (never course_lib's all-to-all, ring
+attention or dispatch, which are what the student rewrites).
+
+- 7.1: the splits of each case (``sends[r][p]``: rows rank r sends rank p) and patterned
+  inputs (element (j, c) of the piece rank s cuts for rank d is 1000 s + 100 d + 10 j + c,
+  so a wrong output says where its rows came from);
+- 7.2: two partial attention results of one set of queries over two blocks of keys;
+- 7.3: q, k, v of the whole sequence, and dense causal attention on it;
+- 7.4: router choices, and the dispatch and combine a token-by-token loop gives.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+# ---- groups: the world, and on 3 ranks the pair {0, 1} ----------------------------------------
+def group_cases(world):
+    """(where, use_pair): the world, and on 3 ranks the pair {0, 1} too."""
+    return [("the world", False)] + ([("ranks {0, 1} of 3", True)] if world == 3 else [])
+
+
+def members(world, use_pair, rank):
+    """The global ranks of ``rank``'s group."""
+    if not use_pair:
+        return list(range(world))
+    return [0, 1] if rank < 2 else [2]
+
+
+# ---- 7.1: all-to-all -----------------------------------------------------------------------
+def all_to_all_cases(world):
+    """[(label, sends (n x n rows), row width or None for 1-D, dtype)] for a group of
+    ``world`` ranks."""
+    rng = random.Random(71 + world)
+    n = world
+    cases = [("even splits, 2 rows per peer", [[2] * n for _ in range(n)], 3, torch.float32)]
+    uneven = [[rng.randint(1, 4) for _ in range(n)] for _ in range(n)]
+    cases.append(("uneven splits", uneven, 2, torch.float32))
+    if n > 1:
+        zeros = [[0 if (s == 0 or d == n - 1) else rng.randint(1, 3) for d in range(n)]
+                 for s in range(n)]
+        zeros[0][0] = 2  # rank 0 keeps rows for itself but sends no one anything
+        cases.append(("zero-row splits (rank 0 sends no peer anything, rank "
+                      f"{n - 1} receives nothing)", zeros, None, torch.int64))
+    return cases
+
+
+def piece(src, dst, rows, width, dtype):
+    """The rows rank ``src`` cuts for rank ``dst``."""
+    j = torch.arange(rows, dtype=torch.int64).unsqueeze(1) * 10
+    c = torch.arange(width or 1, dtype=torch.int64).unsqueeze(0)
+    block = (1000 * src + 100 * dst + j + c).to(dtype)
+    return block if width else block.squeeze(1)
+
+
+def all_to_all_input(sends, rank, width, dtype):
+    return torch.cat([piece(rank, d, k, width, dtype) for d, k in enumerate(sends[rank])])
+
+
+def all_to_all_output(sends, rank, width, dtype):
+    return torch.cat([piece(s, rank, sends[s][rank], width, dtype) for s in range(len(sends))])
+
+
+def source_of(value):
+    """The sending rank of a patterned element (None: never written, -1)."""
+    return None if value < 0 else int(value) // 1000
+
+
+# ---- 7.2 and 7.3: attention ---------------------------------------------------------------
+def seeded(seed, *shape, dtype=torch.float64, scale=1.0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(*shape, generator=gen, device="cpu", dtype=torch.float64).mul(scale).to(dtype)
+
+
+def dense_attention(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(d)) v and its log-sum-exp, over every key of ``k``."""
+    scores = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v.double()
+    return out.to(q.dtype), lse.to(q.dtype)
+
+
+def merge_cases():
+    """[(label, out_a, lse_a, out_b, lse_b, out, lse)]: two halves of the keys and the
+    attention over all of them."""
+    cases = []
+    specs = [("8 queries over 6 + 10 keys", 8, 6, 10, None, 1.0, torch.float64, 1),
+             ("5 queries over 7 + 3 keys, batch 2 x 3 heads", 5, 7, 3, (2, 3), 1.0,
+              torch.float64, 2),
+             ("causal: the first 4 queries see no key of the second block", 8, 4, 4, None, 1.0,
+              torch.float64, 3),
+             ("large scores (a log-sum-exp near 300) in float32", 6, 5, 5, None, 60.0,
+              torch.float32, 4)]
+    for label, s_q, s_a, s_b, batch, scale, dtype, seed in specs:
+        lead = batch or ()
+        q = seeded(seed, *lead, s_q, 8, dtype=dtype, scale=scale)
+        k = seeded(seed + 10, *lead, s_a + s_b, 8, dtype=dtype)
+        v = seeded(seed + 20, *lead, s_a + s_b, 8, dtype=dtype)
+        mask = None
+        if label.startswith("causal"):  # queries at positions 0..7, keys 0..7: causal
+            mask = torch.arange(s_a + s_b).unsqueeze(0) <= torch.arange(s_q).unsqueeze(1)
+        parts = [dense_attention(q, k[..., sl, :], v[..., sl, :],
+                                 None if mask is None else mask[:, sl])
+                 for sl in (slice(0, s_a), slice(s_a, s_a + s_b))]
+        out, lse = dense_attention(q, k, v, mask)
+        cases.append((label, *parts[0], *parts[1], out, lse))
+    # an accumulator that starts empty (o = 0, l = -inf) meets a block that queries 0-2
+    # cannot see at all: their rows stay empty, o = 0 and l = -inf, not nan
+    q, k, v = seeded(5, 6, 8), seeded(15, 5, 8), seeded(25, 5, 8)
+    mask = torch.arange(5).unsqueeze(0) <= torch.arange(6).unsqueeze(1) - 3
+    out, lse = dense_attention(q, k, v, mask)
+    empty = (torch.zeros_like(out), torch.full_like(lse, float("-inf")))
+    cases.append(("an empty start (o = 0, l = -inf) and rows that see no key at all", *empty,
+                  out, lse, out, lse))
+    return cases
+
+
+RING_SHAPE = (2, 2, 5, 4)  # (batch, heads, tokens per rank: odd, head dim)
+
+
+def ring_qkv(world):
+    """q, k, v of the whole sequence: (batch, heads, world x 5, head dim), float64."""
+    b, h, s, d = RING_SHAPE
+    return tuple(seeded(100 * world + i, b, h, world * s, d) for i in range(3))
+
+
+def ring_expected(world):
+    """Dense causal attention on the whole sequence."""
+    q, k, v = ring_qkv(world)
+    n = q.shape[-2]
+    mask = torch.arange(n).unsqueeze(0) <= torch.arange(n).unsqueeze(1)
+    return dense_attention(q, k, v, mask)[0]
+
+
+def block_flops():
+    """Floating-point operations of one block of the ring: q k^T and p v."""
+    b, h, s, d = RING_SHAPE
+    return 2 * (2 * b * h * s * s * d)
+
+
+# ---- 7.4: dispatch and combine ------------------------------------------------------------
+def dispatch_cases():
+    """[(chosen (T, k), n_experts, n_ranks, capacity)]."""
+    rng = random.Random(74)
+    cases = [(torch.tensor([[0, 2], [2, 1], [0, 3], [0, 2], [1, 0], [3, 2]]), 4, 2, 3)]
+    for n_tokens, k, experts, ranks, cap in [(10, 1, 4, 2, 3), (16, 2, 6, 3, 4),
+                                             (9, 2, 4, 4, 9), (20, 3, 8, 2, 5), (7, 1, 3, 3, 1)]:
+        chosen = [rng.sample(range(experts), k) for _ in range(n_tokens)]
+        cases.append((torch.tensor(chosen), experts, ranks, cap))
+    return cases
+
+
+def expected_dispatch(chosen, n_experts, n_ranks, capacity):
+    """(order, counts) by a loop: keep an assignment while its expert has room, in
+    token-major order, then group the kept ones by expert."""
+    flat = chosen.reshape(-1).tolist()
+    taken, kept = [0] * n_experts, []
+    for a, e in enumerate(flat):
+        if taken[e] < capacity:
+            taken[e] += 1
+            kept.append(a)
+    order = sorted(kept, key=lambda a: (flat[a], a))
+    per_rank = n_experts // n_ranks
+    counts = [sum(1 for a in order if flat[a] // per_rank == r) for r in range(n_ranks)]
+    return order, counts
+
+
+def combine_inputs(chosen, order, seed):
+    """(rows (len(order), 5), gates (T, k)) for a combine call."""
+    rows = seeded(seed, len(order), 5)
+    gates = seeded(seed + 1, *chosen.shape).abs()
+    return rows, gates
+
+
+def expected_combine(rows, order, gates, n_tokens):
+    k = gates.shape[-1]
+    out = torch.zeros(n_tokens, rows.shape[-1], dtype=rows.dtype)
+    for i, a in enumerate(order):
+        out[a // k] += gates[a // k, a % k] * rows[i]
+    return out

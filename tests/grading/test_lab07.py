@@ -1,0 +1,252 @@
+"""Lab 07's checks: pass the solutions (also as the gradebook's judge decides), fail the
+stubs and these plausible wrong answers, each with its reason."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import judged, ship_by_value
+from course_lib import comm
+from course_lib.cp import attention_with_lse, causal_mask
+from course_lib.grading import checks, lab07
+
+ship_by_value(__name__)
+
+
+# ---- 7.1: all-to-all ------------------------------------------------------------------------
+def _offsets(splits):
+    return [sum(splits[:p]) for p in range(len(splits))]
+
+
+def all_to_all(output, input, output_splits, input_splits, group=None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    send_at, recv_at = _offsets(input_splits), _offsets(output_splits)
+    sends = [(input[send_at[p]:send_at[p] + input_splits[p]], p)
+             for p in range(n) if p != r and input_splits[p]]
+    recvs = [(output[recv_at[p]:recv_at[p] + output_splits[p]], p)
+             for p in range(n) if p != r and output_splits[p]]
+    comm.exchange(sends=sends, recvs=recvs, group=group)
+    output[recv_at[r]:recv_at[r] + output_splits[r]] = input[send_at[r]:send_at[r] + input_splits[r]]
+
+
+def all_to_all_even(output, input, output_splits, input_splits, group=None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    ins, outs = input.tensor_split(n), output.tensor_split(n)
+    comm.exchange(sends=[(ins[p].contiguous(), p) for p in range(n) if p != r and ins[p].numel()],
+                  recvs=[(outs[p], p) for p in range(n) if p != r and outs[p].numel()],
+                  group=group)
+    outs[r].copy_(ins[r])
+
+
+def all_to_all_wrong_peer(output, input, output_splits, input_splits, group=None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    send_at, recv_at = _offsets(input_splits), _offsets(output_splits)
+    sends = [(input[send_at[p]:send_at[p] + input_splits[p]], p)
+             for p in range(n) if p != r and input_splits[p]]
+    # slot p filled from the peer on the other side of the ring
+    recvs = [(output[recv_at[p]:recv_at[p] + output_splits[p]], (2 * r - p) % n)
+             for p in range(n) if p != r and output_splits[p]]
+    comm.exchange(sends=sends, recvs=recvs, group=group)
+    output[recv_at[r]:recv_at[r] + output_splits[r]] = input[send_at[r]:send_at[r] + input_splits[r]]
+
+
+def all_to_all_blocking(output, input, output_splits, input_splits, group=None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    send_at, recv_at = _offsets(input_splits), _offsets(output_splits)
+    for p in range(n):  # every rank sends first: each waits for a peer that is sending too
+        if p != r and input_splits[p]:
+            comm.send(input[send_at[p]:send_at[p] + input_splits[p]].contiguous(), p, group)
+    for p in range(n):
+        if p != r and output_splits[p]:
+            comm.recv(output[recv_at[p]:recv_at[p] + output_splits[p]], p, group)
+    output[recv_at[r]:recv_at[r] + output_splits[r]] = input[send_at[r]:send_at[r] + input_splits[r]]
+
+
+def all_to_all_uncounted(output, input, output_splits, input_splits, group=None):
+    ins = list(input.split(input_splits))
+    outs = list(output.split(output_splits))
+    dist.all_to_all([o for o in outs], [i.contiguous() for i in ins], group=group)
+
+
+def test_all_to_all_passes_as_judged(sandbox):
+    assert "pair inside 3" in judged(sandbox, lab07.check_all_to_all, all_to_all)
+
+
+@pytest.mark.parametrize("wrong, n, reason", [
+    (all_to_all_even, 2, "The splits are uneven"),
+    (all_to_all_wrong_peer, 3, "but they came from rank"),
+])
+def test_all_to_all_wrong_answers(wrong, n, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_all_to_all(wrong, world_sizes=(n,))
+
+
+def test_all_to_all_outside_the_counted_layer_is_told_so():
+    with pytest.raises(checks.CheckFailed, match="no message was counted|raised"):
+        lab07.check_all_to_all(all_to_all_uncounted, world_sizes=(2,))
+
+
+@pytest.mark.slow
+def test_blocking_sends_in_order_deadlock_and_are_explained():
+    with pytest.raises(checks.CheckFailed, match="send"):
+        lab07.check_all_to_all(all_to_all_blocking, world_sizes=(2,))
+
+
+# ---- 7.2: merge ----------------------------------------------------------------------------
+def merge(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    out = (torch.exp(lse_a - safe).unsqueeze(-1) * out_a
+           + torch.exp(lse_b - safe).unsqueeze(-1) * out_b)
+    return out, lse
+
+
+def merge_average(out_a, lse_a, out_b, lse_b):
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_no_rescale(out_a, lse_a, out_b, lse_b):
+    return out_a + out_b, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_nan_on_empty_rows(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    return (torch.exp(lse_a - lse).unsqueeze(-1) * out_a
+            + torch.exp(lse_b - lse).unsqueeze(-1) * out_b), lse
+
+
+def merge_overflowing(out_a, lse_a, out_b, lse_b):
+    wa, wb = torch.exp(lse_a), torch.exp(lse_b)
+    out = (wa.unsqueeze(-1) * out_a + wb.unsqueeze(-1) * out_b) / (wa + wb).unsqueeze(-1)
+    return out, torch.log(wa + wb)
+
+
+def merge_max_lse(out_a, lse_a, out_b, lse_b):
+    return merge(out_a, lse_a, out_b, lse_b)[0], torch.maximum(lse_a, lse_b)
+
+
+def test_merge_passes_as_judged(sandbox):
+    assert "5 cases" in judged(sandbox, lab07.check_merge, merge)
+
+
+@pytest.mark.parametrize("wrong, reason", [
+    (merge_average, "average of the two"),
+    (merge_no_rescale, "must be rescaled"),
+    (merge_nan_on_empty_rows, "saw no key of that block"),
+    (merge_overflowing, "overflows"),
+    (merge_max_lse, r"not max\(l_a, l_b\)"),
+])
+def test_merge_wrong_answers(wrong, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_merge(wrong)
+
+
+# ---- 7.3: one rank's ring-attention forward --------------------------------------------------
+def ring_attention_forward(q, k, v, group=None, skip=True, owner_shift=0, wait_first=False):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    s = q.shape[-2]
+    kv, out, lse = torch.stack([k, v]), None, None
+    for t in range(n):
+        owner = (r - t + owner_shift) % n
+        if t < n - 1:
+            incoming = torch.empty_like(kv)
+            handle = comm.exchange_async(sends=[(kv, (r + 1) % n)],
+                                         recvs=[(incoming, (r - 1) % n)], group=group)
+            if wait_first:  # the buffer now holds the next block, not owner's
+                handle.wait()
+                kv = incoming
+        if owner <= r or not skip:
+            mask = causal_mask(torch.arange(r * s, (r + 1) * s),
+                               torch.arange(owner * s, (owner + 1) * s))
+            o, l = attention_with_lse(q, kv[0], kv[1], mask)
+            out, lse = (o, l) if out is None else merge(out, lse, o, l)
+        if t < n - 1 and not wait_first:
+            handle.wait()
+            kv = incoming
+    return out
+
+
+def no_causal_skip(q, k, v, group=None):
+    return ring_attention_forward(q, k, v, group, skip=False)
+
+
+def off_by_one_block(q, k, v, group=None):
+    return ring_attention_forward(q, k, v, group, owner_shift=1)
+
+
+def block_after_it_was_overwritten(q, k, v, group=None):
+    return ring_attention_forward(q, k, v, group, wait_first=True)
+
+
+def test_ring_forward_passes_as_judged(sandbox):
+    assert "r + 1 blocks" in judged(sandbox, lab07.check_ring_forward, ring_attention_forward)
+
+
+@pytest.mark.parametrize("wrong, reason", [
+    (no_causal_skip, "needs only 1"),
+    (off_by_one_block, "wrong values"),
+    (block_after_it_was_overwritten, "wrong values"),
+])
+def test_ring_forward_wrong_answers(wrong, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_ring_forward(wrong, world_sizes=(2,))
+
+
+# ---- 7.4: dispatch and combine ------------------------------------------------------------
+def dispatch(chosen, n_experts, n_ranks, capacity, use_capacity=True, stable=True,
+             per_rank=True):
+    flat = chosen.reshape(-1).tolist()
+    taken, kept = [0] * n_experts, []
+    for a, e in enumerate(flat):
+        if taken[e] < capacity or not use_capacity:
+            taken[e] += 1
+            kept.append(a)
+    key = (lambda a: (flat[a], a)) if stable else (lambda a: (flat[a], -a))
+    order = torch.tensor(sorted(kept, key=key), dtype=torch.long)
+    experts = chosen.reshape(-1)[order]
+    if per_rank:
+        return order, torch.bincount(experts // (n_experts // n_ranks), minlength=n_ranks).tolist()
+    return order, torch.bincount(experts, minlength=n_experts).tolist()
+
+
+def combine(rows, order, gates, n_tokens, inverse=True, gated=True):
+    k = gates.shape[-1]
+    weights = gates.reshape(-1)[order].unsqueeze(-1) if gated else 1.0
+    # without the inverse, row i is taken for assignment i, as if rows were token-major
+    tokens = order // k if inverse else torch.arange(len(order)) // k
+    return rows.new_zeros(n_tokens, rows.shape[-1]).index_add(0, tokens, weights * rows)
+
+
+def test_dispatch_passes_as_judged(sandbox):
+    assert "routings" in judged(sandbox, lab07.check_dispatch, dispatch, combine)
+
+
+@pytest.mark.parametrize("wrong_dispatch, wrong_combine, reason", [
+    (lambda *a: dispatch(*a, use_capacity=False), combine, "its capacity"),
+    (lambda *a: dispatch(*a, stable=False), combine, "keep token order within an expert"),
+    (lambda *a: dispatch(*a, per_rank=False), combine, "one count per rank"),
+    (dispatch, lambda *a: combine(*a, inverse=False), "apply the inverse"),
+    (dispatch, lambda *a: combine(*a, gated=False), "weighed by its gate"),
+])
+def test_dispatch_wrong_answers(wrong_dispatch, wrong_combine, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_dispatch(wrong_dispatch, wrong_combine)
+
+
+# ---- the stubs ------------------------------------------------------------------------------
+def test_stubs_say_not_implemented():
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for call, ex in [(lambda: lab07.check_all_to_all(stub, world_sizes=(2,)), "7.1"),
+                     (lambda: lab07.check_merge(stub), "7.2"),
+                     (lambda: lab07.check_ring_forward(stub, world_sizes=(2,)), "7.3"),
+                     (lambda: lab07.check_dispatch(stub, stub), "7.4")]:
+        with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
+            call()
+
+
+def test_the_library_is_refused(sandbox):
+    from course_lib.cp import merge as library_merge
+
+    with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
+        judged(sandbox, lab07.check_merge, library_merge)
