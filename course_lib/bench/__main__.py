@@ -6,6 +6,8 @@
     python -m course_lib.bench fsdp --nproc 2 --dim 128 --layers 4
     python -m course_lib.bench pipeline --nproc 2 --json out.json
     python -m course_lib.bench tp --nproc 2 --dim 256 --heads 8   # ours vs torch DTensor vs t=1
+    python -m course_lib.bench ep --nproc 2 --tokens 4096 --experts 8 --top-k 2  # vs dense MoE
+    python -m course_lib.bench cp --nproc 2 --seq 1024 --dim 256 --heads 8  # ring vs torch CP vs dense
 
 Timings vary run to run (+-30% on a small CPU machine): the tables report
 medians, and comparisons are ratios measured side by side in one job.
@@ -65,6 +67,31 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=3, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
+    p = sub.add_parser("cp", help="causal attention: ring attention vs torch context_parallel "
+                                  "vs dense; per-rank work and activation memory")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--dim", type=int, default=256, help="heads x head_dim")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--mem-seq", type=int, default=4096, help="sequence of the memory rows")
+    p.add_argument("--mem-cps", default="1,2,4", help="context-parallel sizes of the memory rows")
+    p.add_argument("--json", default=None)
+    p = sub.add_parser("ep", help="an expert-parallel MoE layer vs the whole layer on every rank")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--tokens", type=int, default=4096, help="tokens in the batch (all ranks)")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--ffn", type=int, default=None, help="expert hidden width (default 4 dim)")
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--capacity-factor", type=float, default=1.25)
+    p.add_argument("--steps", type=int, default=2, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", default=None)
     p = sub.add_parser("pipeline", help="naive MP, GPipe, 1F1B: ours vs torch.distributed.pipelining")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="auto")
@@ -89,6 +116,32 @@ def main(argv=None):
         bubbles = bp.bubble_table(ns.nproc, ns.backend, ns.t_f, ns.t_b)
         print(bp.format_bubbles(bubbles, ns.nproc, ns.t_f, ns.t_b))
         result = {"nproc": ns.nproc, "real": real, "bubbles": bubbles}
+    if ns.what == "cp":
+        from course_lib.bench import cp as bcp
+        from course_lib.runtime.launcher import run
+
+        if ns.dim % ns.heads:
+            parser.error(f"--dim {ns.dim} must be divisible by --heads {ns.heads}")
+        shape = dict(batch=ns.batch, heads=ns.heads, seq=ns.seq, head_dim=ns.dim // ns.heads)
+        timed = run(bcp.measure, steps=ns.steps, rounds=ns.rounds, nproc=ns.nproc,
+                    backend=ns.backend, timeout=3600, **shape)[0]
+        work = bcp.imbalance(nproc=ns.nproc, backend=ns.backend, **shape)
+        cps = [int(c) for c in ns.mem_cps.split(",") if c.strip()]
+        mem = bcp.memory(cps, batch=ns.batch, seq=ns.mem_seq, dim=ns.dim, heads=ns.heads,
+                         backend=ns.backend)
+        print(bcp.format_table(timed, ns.nproc, work, mem))
+        result = {"timed": timed, "imbalance": work, "memory": mem}
+    if ns.what == "ep":
+        from course_lib.bench import ep as be
+        from course_lib.runtime.launcher import run
+
+        if ns.experts % ns.nproc:
+            parser.error(f"{ns.experts} experts do not split over --nproc {ns.nproc}")
+        result = run(be.measure, tokens=ns.tokens, dim=ns.dim, experts=ns.experts,
+                     top_k=ns.top_k, ffn=ns.ffn, capacity_factor=ns.capacity_factor,
+                     steps=ns.steps, rounds=ns.rounds, nproc=ns.nproc, backend=ns.backend,
+                     timeout=3600)[0]
+        print(be.format_table(result, ns.nproc))
     if ns.what == "tp":
         from course_lib.bench import tp as bt
         from course_lib.runtime.launcher import run

@@ -8,13 +8,17 @@ the block of rank r - t, merging the partial results by their log-sum-exp
 the next one arrives from rank r - 1 (the exchange runs under the compute). After n
 steps every query has seen every key: the output equals dense attention on the whole
 sequence. Causal attention skips a block no query of the rank may see; with the
-contiguous layout rank r then computes r + 1 blocks and rank n - 1 sets the pace, while
-zigzag (chunks r and 2n-1-r) gives every rank the same work.
+contiguous layout rank r then computes r + 1 blocks and rank n - 1 sets the pace. Under
+zigzag (chunks r and 2n-1-r) each rank's chunk is two parts, and a part of the queries
+skips a part of the keys it cannot see: half of every other rank's block is skipped, and
+every rank computes the same, (2n+1)/4 of a block's scores (about half of what the
+contiguous layout's slowest rank computes).
 
 Backward is a ring too: the blocks go round again with the gradients of their keys and
 values, each rank adding its queries' share (the softmax's backward needs only the
 saved output and log-sum-exp), and after n passes every block is home with its whole
-gradient. Shapes are ``scaled_dot_product_attention``'s: (batch, heads, local_seq, d)::
+gradient. The block goes ahead under the compute as in forward; its gradient follows one
+step behind, under the next block's compute. Shapes are ``scaled_dot_product_attention``'s: (batch, heads, local_seq, d)::
 
     out = ring_attention(q_chunk, k_chunk, v_chunk, group=cp_group, layout="zigzag")
 """
@@ -27,75 +31,116 @@ from course_lib import comm, trace
 from course_lib.cp.blockwise import attention_with_lse, causal_mask, chunk_positions, merge
 
 
-def _visible(group, owner, causal, layout, s_local):
-    """The causal mask of this rank's queries against ``owner``'s keys (None: all
-    visible), and whether any query sees any key."""
+def _pieces(group, owner, causal, layout, s_local):
+    """The parts of the block of ``owner`` that this rank's queries see: a list of
+    (query rows, key rows, mask or None), rows as slices of the local chunk, empty if
+    no query sees any key. Each layout's chunk is made of equal parts (one for
+    contiguous, two for zigzag), and a part of the queries that sees no key of a part
+    of the keys skips it: under zigzag, a block of another rank is half visible."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
+    parts = 1 if layout == "contiguous" else 2
+    size = s_local // parts
     if not causal:
-        return None, True
-    mask = causal_mask(chunk_positions(r, n, n * s_local, layout),
-                       chunk_positions(owner, n, n * s_local, layout))
-    return mask, bool(mask.any())
+        return [(slice(0, s_local), slice(0, s_local), None)]
+    q_pos = chunk_positions(r, n, n * s_local, layout)
+    k_pos = chunk_positions(owner, n, n * s_local, layout)
+    pieces = []
+    for i in range(parts):
+        rows = slice(i * size, (i + 1) * size)
+        seen = [j for j in range(parts)
+                if causal_mask(q_pos[rows], k_pos[j * size:(j + 1) * size]).any()]
+        if not seen:
+            continue
+        # the parts seen are adjacent (the first, the last, or both): one slice of keys
+        cols = slice(seen[0] * size, (seen[-1] + 1) * size)
+        mask = causal_mask(q_pos[rows], k_pos[cols])
+        pieces.append((rows, cols, None if mask.all() else mask))
+    return pieces
 
 
-def _pass_right(tensor, group):
+def _scores(pieces):
+    return sum((p[0].stop - p[0].start) * (p[1].stop - p[1].start) for p in pieces)
+
+
+def _pass_right(tensor, group, tag=0):
     """Send ``tensor`` to rank r + 1 and receive the same shape from r - 1; (handle, buffer)."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     incoming = torch.empty_like(tensor)
     handle = comm.exchange_async(sends=[(tensor, (r + 1) % n)], recvs=[(incoming, (r - 1) % n)],
-                                 group=group)
+                                 group=group, tag=tag)
     return handle, incoming
 
 
 def ring_forward(q, k, v, group, causal, layout):
     """(output, log-sum-exp) of this rank's queries over the whole sequence."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    kv, out, lse = torch.stack([k, v]), None, None
+    kv = torch.stack([k, v])
+    # an empty running result: every query sees at least its own key, so none stays empty
+    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype,
+                                               device=q.device)
     for t in range(n):
         owner = (r - t) % n
         pending = _pass_right(kv, group) if t < n - 1 else None  # under this block's compute
-        mask, any_visible = _visible(group, owner, causal, layout, q.shape[-2])
-        if any_visible:
-            with trace.span(f"attention block {owner}", "compute"):
-                o, l = attention_with_lse(q, kv[0], kv[1], mask)
-                out, lse = (o, l) if out is None else merge(out, lse, o, l)
+        pieces = _pieces(group, owner, causal, layout, q.shape[-2])
+        if pieces:
+            with trace.span(f"attention block {owner}", "compute", scores=_scores(pieces)):
+                for rows, cols, mask in pieces:
+                    o, l = attention_with_lse(q[..., rows, :], kv[0][..., cols, :],
+                                              kv[1][..., cols, :], mask)
+                    out[..., rows, :], lse[..., rows] = merge(out[..., rows, :], lse[..., rows],
+                                                              o, l)
         if pending:
             pending[0].wait()
             kv = pending[1]
     return out, lse
 
 
+def _block_backward(q, kv, lse, grad_out, delta, pieces, dq, dkv, scale):
+    """Add this block's share to dq and to the block's dk, dv (in ``dkv``)."""
+    for rows, cols, mask in pieces:
+        k_b, v_b = kv[0][..., cols, :], kv[1][..., cols, :]
+        q_b, g_b = q[..., rows, :], grad_out[..., rows, :]
+        scores = (q_b @ k_b.transpose(-2, -1)) * scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        p = torch.exp(scores - lse[..., rows].unsqueeze(-1))
+        dkv[1][..., cols, :] += p.transpose(-2, -1) @ g_b
+        ds = p * (g_b @ v_b.transpose(-2, -1) - delta[..., rows, :])
+        dq[..., rows, :] += (ds @ k_b) * scale
+        dkv[0][..., cols, :] += (ds.transpose(-2, -1) @ q_b) * scale
+
+
 def ring_backward(q, k, v, out, lse, grad_out, group, causal, layout):
     """(dq, dk, dv) of this rank's chunk: dS = P (dP - D) with P = exp(S - lse),
-    dP = dO V^T and D = rowsum(dO O), block by block around the ring."""
+    dP = dO V^T and D = rowsum(dO O), block by block around the ring. The k/v block
+    travels ahead under the compute, as in forward; its gradient travels one step
+    behind, under the next block's compute, and the last pass brings it home."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     scale = q.shape[-1] ** -0.5
     delta = (grad_out * out).sum(-1, keepdim=True)
     dq = torch.zeros_like(q)
     kv = torch.stack([k, v])
-    dkv = torch.zeros_like(kv)
+    behind = None  # the gradient of the block about to arrive, on its way
     for t in range(n):
         owner = (r - t) % n
-        mask, any_visible = _visible(group, owner, causal, layout, q.shape[-2])
-        if any_visible:
-            with trace.span(f"attention backward block {owner}", "compute"):
-                scores = (q @ kv[0].transpose(-2, -1)) * scale
-                if mask is not None:
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                p = torch.exp(scores - lse.unsqueeze(-1))
-                dkv[1] += p.transpose(-2, -1) @ grad_out
-                ds = p * (grad_out @ kv[1].transpose(-2, -1) - delta)
-                dq += (ds @ kv[0]) * scale
-                dkv[0] += (ds.transpose(-2, -1) @ q) * scale
-        if n == 1:
-            break
-        # the block moves on with its gradient; the last pass brings the gradient home
-        handle, incoming = _pass_right(torch.cat([kv, dkv]) if t < n - 1 else dkv, group)
-        handle.wait()
-        if t < n - 1:
-            kv, dkv = incoming[:2], incoming[2:].clone()
-        else:
-            dkv = incoming
+        ahead = _pass_right(kv, group) if t < n - 1 else None
+        dkv = torch.zeros_like(kv)
+        pieces = _pieces(group, owner, causal, layout, q.shape[-2])
+        if pieces:
+            with trace.span(f"attention backward block {owner}", "compute",
+                            scores=_scores(pieces)):
+                _block_backward(q, kv, lse, grad_out, delta, pieces, dq, dkv, scale)
+        if behind is not None:  # what the ranks before this one added to this block
+            behind[0].wait()
+            dkv += behind[1]
+        if n > 1:
+            behind = _pass_right(dkv, group, tag=1)
+        if ahead:
+            ahead[0].wait()
+            kv = ahead[1]
+    if behind is not None:  # the own block, home with every rank's share
+        behind[0].wait()
+        dkv = behind[1]
     return dq, dkv[0], dkv[1]
 
 

@@ -5,9 +5,13 @@ Rank r of n holds experts r E/n .. (r+1) E/n - 1 and a copy of the router, and f
 the layer its own tokens. A step of the layer, for this rank's T_r tokens:
 
 1. route: top-k experts and gates per token, as the dense layer does;
-2. dispatch: sort the T_r k assignments by expert (token order kept within one), count
-   the rows for each rank, exchange the counts, then all-to-all the token rows (and
-   their expert ids);
+2. dispatch: sort the T_r k assignments by expert (token order kept within one), so
+   they are grouped by owner and, within an owner, by expert; sum the token counts and
+   the first choices over the group (one all-reduce: the capacity and the aux loss need
+   them), exchange the count of rows for each expert (an all-to-all of E/n integers per
+   peer), then all-to-all the token rows. No expert id travels with a row: the owner
+   receives them by source rank, then by expert, and the counts say where each expert's
+   rows start;
 3. the owner applies each expert's capacity to the rows it received, in rank order then
    token order, which is the dense layer's order over all ranks' tokens concatenated;
    runs its experts; dropped rows return as zeros;
@@ -21,6 +25,12 @@ layer's aux, and so do their gradients::
 
     ep = ExpertParallelMoE.from_dense(moe, group=ep_group)
     out, aux_share = ep(my_tokens)
+
+On a traced rank a step shows as spans "dispatch" (comm), "expert E" (compute, one per
+local expert that keeps rows, E its global id, its rows in ``args``) and "combine"
+(comm); backward as "combine backward", "expert E backward" and "dispatch backward". A
+rank whose experts keep more rows computes longer, and the others wait for it inside
+"combine" (and in backward inside "dispatch backward").
 """
 from __future__ import annotations
 
@@ -31,26 +41,61 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib import trace
 from course_lib.collectives.all_to_all import all_to_all
 from course_lib.ep.moe import capacity
 
 
 class AllToAll(torch.autograd.Function):
     """Rows ``x`` cut by ``send`` to the peers, ``recv`` rows back from each; backward
-    sends the gradients the other way."""
+    sends the gradients the other way, traced as "``label`` backward"."""
 
     @staticmethod
-    def forward(ctx, x, recv, send, group):
+    def forward(ctx, x, recv, send, group, label="all_to_all", exchange=all_to_all):
         ctx.recv, ctx.send, ctx.group = recv, send, group
+        ctx.label, ctx.exchange = label, exchange
         out = x.new_empty((sum(recv), *x.shape[1:]))
-        all_to_all(out, x.contiguous(), recv, send, group=group)
+        exchange(out, x.contiguous(), recv, send, group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        all_to_all(back, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
-        return back, None, None, None
+        with trace.span(f"{ctx.label} backward", "comm"):
+            ctx.exchange(back, grad.contiguous(), ctx.send, ctx.recv, ctx.group)
+        return back, None, None, None, None, None
+
+
+class _OnBackward(torch.autograd.Function):
+    """The identity; its backward calls ``hook()`` as the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx, x, hook):
+        ctx.hook = hook
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.hook()
+        return grad, None
+
+
+def _run_expert(expert, rows, name):
+    """``expert(rows)`` in a span ``name``; on a traced rank its backward is a span
+    "``name`` backward" too: it starts where the gradient reaches the expert's output
+    and ends where it leaves by its input (autograd runs one expert's backward
+    through before the next, so the span holds that expert alone)."""
+    tracer = trace.get_tracer()
+    if tracer is None:  # untraced, the layer's graph gets no extra nodes
+        return expert(rows)
+    count = rows.shape[0]
+    with tracer.span(name, "compute", rows=count):
+        if not rows.requires_grad:  # no gradient will leave by the input: no end mark
+            return expert(rows)
+        began = []
+        rows = _OnBackward.apply(rows, lambda: tracer.record(
+            f"{name} backward", "compute", began.pop(), tracer.stamp(), rows=count))
+        return _OnBackward.apply(expert(rows), lambda: began.append(tracer.stamp()))
 
 
 def _summed(values, group):
@@ -64,12 +109,15 @@ class ExpertParallelMoE(nn.Module):
     """A :class:`~course_lib.ep.moe.MoE` whose experts are split over ``group``."""
 
     @classmethod
-    def from_dense(cls, moe, group=None):
+    def from_dense(cls, moe, group=None, all_to_all=all_to_all):
+        """The experts of ``moe`` that this rank holds, and a copy of its router;
+        ``all_to_all(output, input, output_splits, input_splits, group)`` moves every
+        count and row (Lab 07 passes the student's from Exercise 7.1)."""
         n, r = dist.get_world_size(group), dist.get_rank(group)
         if moe.n_experts % n:
             raise ValueError(f"{moe.n_experts} experts do not split over {n} ranks")
         layer = cls()
-        layer.group, layer.n_ranks = group, n
+        layer.group, layer.n_ranks, layer.exchange = group, n, all_to_all
         layer.n_experts, layer.top_k = moe.n_experts, moe.top_k
         layer.capacity_factor, layer.per_rank = moe.capacity_factor, moe.n_experts // n
         layer.first = r * layer.per_rank  # this rank's first expert
@@ -79,33 +127,55 @@ class ExpertParallelMoE(nn.Module):
         return layer
 
     def forward(self, tokens):
-        group, n, k = self.group, self.n_ranks, self.top_k
+        group, n, k, m = self.group, self.n_ranks, self.top_k, self.per_rank
         probs = F.softmax(self.router(tokens), dim=-1)
         gates, chosen = probs.topk(k, dim=-1)
-        total = int(_summed(torch.tensor([tokens.shape[0]], device=tokens.device), group))
-        cap = capacity(total, k, self.n_experts, self.capacity_factor)
-        # dispatch: assignments (token-major) sorted by expert, so grouped by owner too
+        # assignments (token-major) sorted by expert: grouped by owner, then by expert
         expert_of = chosen.reshape(-1)
         order = torch.sort(expert_of, stable=True).indices
         token_of = order // k
-        send = torch.bincount(expert_of[order] // self.per_rank, minlength=n).tolist()
-        counts = torch.tensor(send, device=tokens.device)
-        arrived = torch.empty_like(counts)
-        all_to_all(arrived, counts, group=group)
-        recv = arrived.tolist()
-        rows = AllToAll.apply(tokens[token_of], recv, send, group)
-        ids = expert_of[order].new_empty(sum(recv))
-        all_to_all(ids, expert_of[order].contiguous(), recv, send, group=group)
-        # the owner keeps each expert's first `cap` rows: rank order, then token order
-        results = torch.zeros_like(rows)
+        outgoing = tokens[token_of]
+        with trace.span("dispatch", "comm"):
+            # first choices (for the aux loss) and tokens, over all ranks: one all-reduce
+            firsts = torch.bincount(chosen[:, 0], minlength=self.n_experts)
+            summed = _summed(torch.cat([firsts, firsts.new_tensor([tokens.shape[0]])]), group)
+            # rows per expert; peer p's piece is the counts of its experts p m .. p m + m - 1
+            mine = torch.bincount(expert_of, minlength=self.n_experts)
+            theirs = torch.empty_like(mine)
+            self.exchange(theirs, mine, [m] * n, [m] * n, group)
+            # one read of all three: on a GPU every read waits for the device
+            numbers = torch.cat([mine, theirs, summed[-1:]]).tolist()
+            total = numbers.pop()
+            sent = [numbers[p * m:p * m + m] for p in range(n)]
+            got = [numbers[(n + p) * m:(n + p) * m + m] for p in range(n)]
+            send, recv = [sum(row) for row in sent], [sum(row) for row in got]
+            rows = AllToAll.apply(outgoing, recv, send, group, "dispatch", self.exchange)
+        cap = capacity(total, k, self.n_experts, self.capacity_factor)
+        # rows came by source rank, then by expert: a stable sort by expert makes each
+        # expert's rows contiguous in the dense order (rank, then token)
+        regroup = None
+        if m > 1 and rows.shape[0]:
+            segments = torch.arange(m, device=rows.device).repeat(n)
+            expert_row = torch.repeat_interleave(segments, theirs, output_size=rows.shape[0])
+            regroup = torch.sort(expert_row, stable=True).indices
+            rows = rows[regroup]
+        pieces, at = [], 0
         for local, expert in enumerate(self.experts):
-            mine = torch.nonzero(ids == self.first + local).squeeze(-1)[:cap]
-            if mine.numel():
-                results = results.index_add(0, mine, expert(rows[mine]))
-        back = AllToAll.apply(results, send, recv, group)
+            arrived = sum(got[p][local] for p in range(n))
+            kept = min(cap, arrived)
+            if kept:
+                pieces.append(_run_expert(expert, rows[at:at + kept],
+                                          f"expert {self.first + local}"))
+            if arrived > kept:  # over capacity: these rows go back as zeros
+                pieces.append(rows.new_zeros((arrived - kept, *rows.shape[1:])))
+            at += arrived
+        results = torch.cat(pieces) if pieces else torch.zeros_like(rows)
+        if regroup is not None:  # each result back where its row arrived
+            results = torch.zeros_like(results).index_copy(0, regroup, results)
+        with trace.span("combine", "comm"):
+            back = AllToAll.apply(results, send, recv, group, "combine", self.exchange)
         weighted = gates.reshape(-1)[order].unsqueeze(-1) * back
         out = torch.zeros_like(tokens).index_add(0, token_of, weighted)
-        first = _summed(torch.bincount(chosen[:, 0], minlength=self.n_experts).to(probs.dtype),
-                        group)
+        first = summed[:-1].to(probs.dtype)
         aux_share = self.n_experts * (first / total * probs.sum(0) / total).sum()
         return out, aux_share

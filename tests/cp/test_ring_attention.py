@@ -50,5 +50,6 @@ def test_each_rank_gets_dense_attention_and_its_gradients(world, causal, layout)
         pos = chunk_positions(rank, world, seq, layout)
         for got, want in ((o, out), (dq, q.grad), (dk, k.grad), (dv, v.grad)):
             assert torch.allclose(got, want.detach().index_select(2, pos), atol=1e-10)
-        # forward: n-1 passes of the k/v block; backward: n-1 with its gradient, one home
-        assert sent == (2 * (world - 1) + 1 if world > 1 else 0)
+        # forward: n-1 passes of the k/v block; backward: n-1 of the block ahead and n of
+        # its gradient behind it, the last one home
+        assert sent == (3 * (world - 1) + 1 if world > 1 else 0)
