@@ -1,0 +1,111 @@
+"""Load a sharded checkpoint into any layout (Lab 08).
+
+For each tensor the state asks for, each box this rank wants (the whole tensor for a
+plain tensor; the boxes of its ShardedTensors) is intersected with every saved piece
+(:func:`~course_lib.checkpoint.boxes.overlap`); from each piece that overlaps, only the
+byte runs of the overlap are read (:func:`~course_lib.checkpoint.boxes.byte_ranges`),
+so a rank reads the bytes its boxes hold and no more, whatever world size or split saved
+them. Nothing is written: a load that fails, or dies, leaves the checkpoint as it was::
+
+    state = {"model": ShardedTensor(torch.empty(1024, 4096), (4096, 4096), (0, rank * 1024))}
+    bytes_read = load(state, latest("ckpt"))       # fills state's tensors, sets its values
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from course_lib.checkpoint.boxes import ShardedTensor, byte_ranges, overlap
+from course_lib.checkpoint.files import CheckpointError, read_index
+
+
+def _wanted(value):
+    """[(destination tensor, box)] for one entry of the state."""
+    if isinstance(value, torch.Tensor):
+        return [(value, ((0,) * value.dim(), tuple(value.shape)))], tuple(value.shape)
+    shards = [value] if isinstance(value, ShardedTensor) else list(value)
+    shapes = {s.global_shape for s in shards}
+    if len(shapes) > 1:
+        raise ValueError(f"one name's ShardedTensors disagree on the global shape: {shapes}")
+    return [(s.local, s.box) for s in shards], shapes.pop() if shapes else None
+
+
+def load(state, path, group=None):
+    """Fill ``state``'s tensors and ShardedTensors in place and set its plain values
+    from the checkpoint at ``path``; returns the bytes this rank read. ``group`` is
+    accepted for symmetry with save: a load needs no communication."""
+    path = Path(path)
+    index = read_index(path)
+    read = 0
+    for name, value in state.items():
+        if isinstance(value, (torch.Tensor, ShardedTensor)) or (
+                isinstance(value, (list, tuple)) and value
+                and all(isinstance(v, ShardedTensor) for v in value)):
+            read += _load_tensor(path, index, name, value)
+        elif name in index["values"]:
+            state[name] = index["values"][name]
+        else:
+            raise CheckpointError(f"{path} holds no value {name!r} (it has "
+                                  f"{sorted(index['values']) + sorted(index['tensors'])})")
+    return read
+
+
+def _load_tensor(path, index, name, value):
+    entry = index["tensors"].get(name)
+    if entry is None:
+        raise CheckpointError(f"{path} holds no tensor {name!r} (it has "
+                              f"{sorted(index['tensors'])})")
+    wanted, shape = _wanted(value)
+    dtype = getattr(torch, entry["dtype"])
+    if shape is not None and tuple(shape) != tuple(entry["shape"]):
+        raise CheckpointError(f"{path}: {name!r} was saved with shape {tuple(entry['shape'])}, "
+                              f"the state asks for {tuple(shape)}")
+    read = 0
+    for destination, box in wanted:
+        if destination.dtype != dtype:
+            raise CheckpointError(f"{path}: {name!r} was saved as {dtype}, the state holds "
+                                  f"{destination.dtype}")
+        filled = 0
+        for piece in entry["pieces"]:
+            stored = (tuple(piece["offsets"]), tuple(piece["sizes"]))
+            common = overlap(stored, box)
+            if common is None:
+                continue
+            block = _read(path / piece["file"], piece["byte_offset"], stored, common, dtype)
+            read += block.numel() * block.element_size()
+            where = tuple(slice(o - b, o - b + z) for o, b, z in zip(common[0], box[0],
+                                                                      common[1]))
+            with torch.no_grad():
+                destination[where].copy_(block)
+            filled += block.numel()
+        if filled != math.prod(box[1]):
+            raise CheckpointError(f"{path}: the saved pieces of {name!r} cover {filled} of the "
+                                  f"{math.prod(box[1])} elements of box {box}")
+    return read
+
+
+def _read(file, base, stored, common, dtype):
+    """The overlap ``common`` of the piece ``stored`` (at byte ``base`` of ``file``)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    chunks = []
+    with open(file, "rb") as f:
+        for start, length in byte_ranges(stored, common, size):
+            f.seek(base + start)
+            chunks.append(f.read(length))
+    raw = bytearray(b"".join(chunks))
+    if not raw:
+        return torch.empty(common[1], dtype=dtype)
+    return torch.frombuffer(raw, dtype=dtype).reshape(common[1])
+
+
+def consolidate(path):
+    """{name: whole tensor (CPU), or plain value} of the checkpoint at ``path``, in this
+    process (to hand a model to someone with one GPU)."""
+    index = read_index(path)
+    state = {name: torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+             for name, entry in index["tensors"].items()}
+    state.update({name: None for name in index["values"]})
+    load(state, path)
+    return state

@@ -1,0 +1,125 @@
+"""Save a sharded state: every rank writes its own boxes, then rank 0 writes the index
+and the commit marker (Lab 08).
+
+``state`` maps names to
+
+- a tensor: replicated (every rank holds the same), written once, by the group's rank 0;
+- a :class:`~course_lib.checkpoint.boxes.ShardedTensor`, or a list of them (several
+  boxes of one tensor on this rank, an FSDP flat range say): each rank writes its own
+  (a rank that holds none of the tensor passes a ShardedTensor with a size-0 box);
+- a plain value that JSON can hold (a step, a list of losses): rank 0's is kept.
+
+The order makes a save atomic. Each rank writes its data file (temporary name, fsync,
+rename); the ranks then hand their pieces' descriptions to rank 0 (a gather, which is
+also the barrier: no index before every rank's data is on disk); rank 0 writes the index,
+then the marker ``COMMITTED``. A save that dies anywhere before the marker leaves a
+directory that :func:`latest` and :func:`~course_lib.checkpoint.load.load` refuse, and
+every earlier checkpoint as it was. A directory already committed is never written into::
+
+    save({"model": ShardedTensor(shard, (4096, 1024), (rank * 1024, 0)), "step": 100},
+         f"ckpt/step_{100:06d}", group=dp_group)
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from course_lib.checkpoint.boxes import ShardedTensor
+from course_lib.checkpoint.files import (COMMITTED, INDEX, CheckpointError, data_file,
+                                         is_committed, write_atomically)
+
+
+def _as_bytes(tensor):
+    flat = tensor.detach().contiguous().reshape(-1).cpu()
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def _pieces(name, value, rank):
+    """[(ShardedTensor, bytes)] this rank writes for ``name``."""
+    if isinstance(value, torch.Tensor):
+        whole = ShardedTensor(value, tuple(value.shape), (0,) * value.dim())
+        return [whole] if rank == 0 else []
+    if isinstance(value, ShardedTensor):
+        return [value]
+    return list(value)
+
+
+def _is_tensor_entry(value):
+    return isinstance(value, (torch.Tensor, ShardedTensor)) or (
+        isinstance(value, (list, tuple)) and value
+        and all(isinstance(v, ShardedTensor) for v in value))
+
+
+def save(state, path, group=None, on_stage=None):
+    """Write ``state`` (see the module) to the new directory ``path`` on every rank of
+    ``group``; returns the bytes this rank wrote. ``on_stage(stage)`` is called after
+    "data", "index" (rank 0) and "commit" (rank 0): the tests kill a rank there."""
+    path = Path(path)
+    rank = dist.get_rank(group)
+    if is_committed(path):  # the same answer on every rank: they share the directory
+        raise CheckpointError(f"{path} already holds a committed checkpoint: a save never "
+                              f"overwrites one; save to a new directory")
+    path.mkdir(parents=True, exist_ok=True)
+    blob, described, values = bytearray(), [], {}
+    for name, value in state.items():
+        if not _is_tensor_entry(value):
+            try:
+                values[name] = json.loads(json.dumps(value))
+            except TypeError as exc:
+                raise CheckpointError(f"{path}: {name!r} is neither a tensor, a ShardedTensor "
+                                      f"nor a plain value JSON can hold ({exc})") from None
+            continue
+        for piece in _pieces(name, value, rank):
+            data = _as_bytes(piece.local)
+            described.append({"name": name, "shape": list(piece.global_shape),
+                              "dtype": str(piece.local.dtype).removeprefix("torch."),
+                              "rank": rank, "file": data_file(rank),
+                              "offsets": list(piece.offsets), "sizes": list(piece.local.shape),
+                              "byte_offset": len(blob), "nbytes": len(data)})
+            blob += data
+    write_atomically(path / data_file(rank), bytes(blob))
+    _stage(on_stage, "data")
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, described, group=group)  # every rank's data is on disk
+    if rank == 0:
+        write_atomically(path / INDEX, json.dumps(_index(path, everyone, values)).encode())
+        _stage(on_stage, "index")
+        write_atomically(path / COMMITTED, b"")
+        _stage(on_stage, "commit")
+    dist.barrier(group=group)  # nobody returns before the checkpoint exists
+    return len(blob)
+
+
+def _stage(on_stage, stage):
+    if on_stage is not None:
+        on_stage(stage)
+
+
+def _index(path, everyone, values):
+    tensors = {}
+    for piece in (p for pieces in everyone for p in pieces):
+        entry = tensors.setdefault(piece["name"], {"shape": piece["shape"],
+                                                  "dtype": piece["dtype"], "pieces": []})
+        if (entry["shape"], entry["dtype"]) != (piece["shape"], piece["dtype"]):
+            raise CheckpointError(f"{path}: the ranks disagree on {piece['name']!r}: shape "
+                                  f"{entry['shape']} {entry['dtype']} on one, "
+                                  f"{piece['shape']} {piece['dtype']} on rank {piece['rank']}")
+        entry["pieces"].append({k: piece[k] for k in ("rank", "file", "offsets", "sizes",
+                                                      "byte_offset", "nbytes")})
+    return {"version": 1, "world": len(everyone), "tensors": tensors, "values": values}
+
+
+def latest(root):
+    """The committed checkpoint directory under ``root`` with the highest step (the last
+    number in its name), or None; a directory whose save died is never returned."""
+    root = Path(root)
+    found = []
+    for child in root.iterdir() if root.is_dir() else []:
+        numbers = re.findall(r"\d+", child.name)
+        if child.is_dir() and numbers and (child / COMMITTED).is_file():
+            found.append((int(numbers[-1]), child))
+    return max(found)[1] if found else None
