@@ -10,7 +10,9 @@ while it sends that block on (k and v, 2 b s_l h elements of e bytes):
 
 The send hides once compute >= send, at about s_l* = e (peak x MFU) / (2 B) tokens per
 rank (alpha aside): the longer each rank's chunk, the freer the ring. With a bf16 block,
-an H100 at 50% of its dense peak and NVLink's 450 GB/s, s_l* is about a thousand tokens;
+an H100 at 50% of its dense peak and NVLink's 450 GB/s (an NVSwitch node: a ring rank
+sends to one peer, which can take all 18 of its links; a 4-GPU board's 150 GB/s per pair
+gives three times more), s_l* is about a thousand tokens;
 over InfiniBand (50 GB/s per GPU) about ten thousand, which is why CP can span nodes for
 long contexts while TP, whose collectives wait for nobody's compute, stays inside one.
 """

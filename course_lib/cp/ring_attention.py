@@ -18,7 +18,9 @@ Backward is a ring too: the blocks go round again with the gradients of their ke
 values, each rank adding its queries' share (the softmax's backward needs only the
 saved output and log-sum-exp), and after n passes every block is home with its whole
 gradient. The block goes ahead under the compute as in forward; its gradient follows one
-step behind, under the next block's compute. Shapes are ``scaled_dot_product_attention``'s: (batch, heads, local_seq, d)::
+step behind, under the next block's compute. Half-precision blocks travel as they are,
+while the running output, log-sum-exp and gradients are kept in fp32 (FlashAttention's
+rule). Shapes are ``scaled_dot_product_attention``'s: (batch, heads, local_seq, d)::
 
     out = ring_attention(q_chunk, k_chunk, v_chunk, group=cp_group, layout="zigzag")
 """
@@ -31,7 +33,7 @@ from course_lib import comm, trace
 from course_lib.cp.blockwise import attention_with_lse, causal_mask, chunk_positions, merge
 
 
-def _pieces(group, owner, causal, layout, s_local):
+def _pieces(group, owner, causal, layout, s_local, device):
     """The parts of the block of ``owner`` that this rank's queries see: a list of
     (query rows, key rows, mask or None), rows as slices of the local chunk, empty if
     no query sees any key. Each layout's chunk is made of equal parts (one for
@@ -54,7 +56,7 @@ def _pieces(group, owner, causal, layout, s_local):
         # the parts seen are adjacent (the first, the last, or both): one slice of keys
         cols = slice(seen[0] * size, (seen[-1] + 1) * size)
         mask = causal_mask(q_pos[rows], k_pos[cols])
-        pieces.append((rows, cols, None if mask.all() else mask))
+        pieces.append((rows, cols, None if mask.all() else mask.to(device)))
     return pieces
 
 
@@ -71,22 +73,30 @@ def _pass_right(tensor, group, tag=0):
     return handle, incoming
 
 
+def _accumulator(dtype):
+    """fp32 for half-precision inputs: a log-sum-exp of 10 in bf16 is off by 0.06, and
+    exp(S - lse) by 6%; the blocks travel in the input's dtype, the sums do not."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def ring_forward(q, k, v, group, causal, layout):
-    """(output, log-sum-exp) of this rank's queries over the whole sequence."""
+    """(output, log-sum-exp) of this rank's queries over the whole sequence, both in
+    :func:`_accumulator`'s dtype."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    kv = torch.stack([k, v])
+    acc = _accumulator(q.dtype)
+    kv, q = torch.stack([k, v]), q.to(acc)
     # an empty running result: every query sees at least its own key, so none stays empty
-    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype,
+    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=acc,
                                                device=q.device)
     for t in range(n):
         owner = (r - t) % n
         pending = _pass_right(kv, group) if t < n - 1 else None  # under this block's compute
-        pieces = _pieces(group, owner, causal, layout, q.shape[-2])
+        pieces = _pieces(group, owner, causal, layout, q.shape[-2], q.device)
         if pieces:
             with trace.span(f"attention block {owner}", "compute", scores=_scores(pieces)):
                 for rows, cols, mask in pieces:
-                    o, l = attention_with_lse(q[..., rows, :], kv[0][..., cols, :],
-                                              kv[1][..., cols, :], mask)
+                    o, l = attention_with_lse(q[..., rows, :], kv[0][..., cols, :].to(acc),
+                                              kv[1][..., cols, :].to(acc), mask)
                     out[..., rows, :], lse[..., rows] = merge(out[..., rows, :], lse[..., rows],
                                                               o, l)
         if pending:
@@ -98,7 +108,7 @@ def ring_forward(q, k, v, group, causal, layout):
 def _block_backward(q, kv, lse, grad_out, delta, pieces, dq, dkv, scale):
     """Add this block's share to dq and to the block's dk, dv (in ``dkv``)."""
     for rows, cols, mask in pieces:
-        k_b, v_b = kv[0][..., cols, :], kv[1][..., cols, :]
+        k_b, v_b = kv[0][..., cols, :].to(q.dtype), kv[1][..., cols, :].to(q.dtype)
         q_b, g_b = q[..., rows, :], grad_out[..., rows, :]
         scores = (q_b @ k_b.transpose(-2, -1)) * scale
         if mask is not None:
@@ -117,15 +127,17 @@ def ring_backward(q, k, v, out, lse, grad_out, group, causal, layout):
     behind, under the next block's compute, and the last pass brings it home."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     scale = q.shape[-1] ** -0.5
-    delta = (grad_out * out).sum(-1, keepdim=True)
+    acc, dtype = _accumulator(q.dtype), q.dtype
+    q, grad_out = q.to(acc), grad_out.to(acc)
+    delta = (grad_out * out.to(acc)).sum(-1, keepdim=True)
     dq = torch.zeros_like(q)
     kv = torch.stack([k, v])
     behind = None  # the gradient of the block about to arrive, on its way
     for t in range(n):
         owner = (r - t) % n
         ahead = _pass_right(kv, group) if t < n - 1 else None
-        dkv = torch.zeros_like(kv)
-        pieces = _pieces(group, owner, causal, layout, q.shape[-2])
+        dkv = torch.zeros_like(kv, dtype=acc)  # the gradients travel in fp32 too
+        pieces = _pieces(group, owner, causal, layout, q.shape[-2], q.device)
         if pieces:
             with trace.span(f"attention backward block {owner}", "compute",
                             scores=_scores(pieces)):
@@ -141,7 +153,7 @@ def ring_backward(q, k, v, out, lse, grad_out, group, causal, layout):
     if behind is not None:  # the own block, home with every rank's share
         behind[0].wait()
         dkv = behind[1]
-    return dq, dkv[0], dkv[1]
+    return dq.to(dtype), dkv[0].to(dtype), dkv[1].to(dtype)
 
 
 class RingAttention(torch.autograd.Function):
@@ -150,6 +162,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, layout):
         out, lse = ring_forward(q, k, v, group, causal, layout)
+        out = out.to(q.dtype)  # lse stays in the accumulator's dtype
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.causal, ctx.layout = group, causal, layout
         return out

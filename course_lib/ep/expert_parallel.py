@@ -51,7 +51,8 @@ class AllToAll(torch.autograd.Function):
     sends the gradients the other way, traced as "``label`` backward"."""
 
     @staticmethod
-    def forward(ctx, x, recv, send, group, label="all_to_all", exchange=all_to_all):
+    def forward(ctx, x, recv, send, group, label="all_to_all", exchange=all_to_all,
+                anchor=None):
         ctx.recv, ctx.send, ctx.group = recv, send, group
         ctx.label, ctx.exchange = label, exchange
         out = x.new_empty((sum(recv), *x.shape[1:]))
@@ -63,7 +64,7 @@ class AllToAll(torch.autograd.Function):
         back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
         with trace.span(f"{ctx.label} backward", "comm"):
             ctx.exchange(back, grad.contiguous(), ctx.send, ctx.recv, ctx.group)
-        return back, None, None, None, None, None
+        return back, None, None, None, None, None, None
 
 
 class _OnBackward(torch.autograd.Function):
@@ -83,8 +84,9 @@ class _OnBackward(torch.autograd.Function):
 def _run_expert(expert, rows, name):
     """``expert(rows)`` in a span ``name``; on a traced rank its backward is a span
     "``name`` backward" too: it starts where the gradient reaches the expert's output
-    and ends where it leaves by its input (autograd runs one expert's backward
-    through before the next, so the span holds that expert alone)."""
+    and ends where it leaves by its input. Autograd's CPU engine usually runs one
+    expert's backward through before the next, so the span holds that expert alone; the
+    engine promises no order, so read the backward spans as approximate."""
     tracer = trace.get_tracer()
     if tracer is None:  # untraced, the layer's graph gets no extra nodes
         return expert(rows)
@@ -159,21 +161,30 @@ class ExpertParallelMoE(nn.Module):
             expert_row = torch.repeat_interleave(segments, theirs, output_size=rows.shape[0])
             regroup = torch.sort(expert_row, stable=True).indices
             rows = rows[regroup]
-        pieces, at = [], 0
+        pieces, at, ran = [], 0, False
         for local, expert in enumerate(self.experts):
             arrived = sum(got[p][local] for p in range(n))
             kept = min(cap, arrived)
             if kept:
+                ran = True
                 pieces.append(_run_expert(expert, rows[at:at + kept],
                                           f"expert {self.first + local}"))
             if arrived > kept:  # over capacity: these rows go back as zeros
                 pieces.append(rows.new_zeros((arrived - kept, *rows.shape[1:])))
             at += arrived
         results = torch.cat(pieces) if pieces else torch.zeros_like(rows)
+        if not ran and rows.requires_grad:
+            # no expert here kept a row: the dispatch's backward still runs on every rank
+            # (a rank missing from an exchange leaves its peers waiting), so keep the rows
+            # in the graph, with a zero gradient
+            results = results + 0 * rows
         if regroup is not None:  # each result back where its row arrived
             results = torch.zeros_like(results).index_copy(0, regroup, results)
         with trace.span("combine", "comm"):
-            back = AllToAll.apply(results, send, recv, group, "combine", self.exchange)
+            # the anchor makes the combine's backward run on every rank, also where no
+            # gradient flows into it (no expert here kept a row, and tokens need none)
+            anchor = results.new_zeros(0).requires_grad_(torch.is_grad_enabled())
+            back = AllToAll.apply(results, send, recv, group, "combine", self.exchange, anchor)
         weighted = gates.reshape(-1)[order].unsqueeze(-1) * back
         out = torch.zeros_like(tokens).index_add(0, token_of, weighted)
         first = summed[:-1].to(probs.dtype)

@@ -1,6 +1,7 @@
 """Ring attention under torchrun (gloo) at world sizes 1-3: each rank's output and the
 gradients of its q, k, v chunk equal dense attention on the whole sequence (float64),
-causal and not, contiguous and zigzag; the k/v blocks travel the ring."""
+causal and not, contiguous and zigzag; the k/v blocks travel the ring; in bf16 as close
+to exact as torch's own kernel."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,9 +15,9 @@ ship_by_value(__name__)
 B, H, D = 2, 3, 4
 
 
-def whole(seq, seed=0):
+def whole(seq, seed=0, scale=1.0):
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    return [torch.randn(B, H, seq, D, generator=gen, device="cpu", dtype=torch.float64)
+    return [scale * torch.randn(B, H, seq, D, generator=gen, device="cpu", dtype=torch.float64)
             for _ in range(4)]  # q, k, v and the output's gradient
 
 
@@ -53,3 +54,39 @@ def test_each_rank_gets_dense_attention_and_its_gradients(world, causal, layout)
         # forward: n-1 passes of the k/v block; backward: n-1 of the block ahead and n of
         # its gradient behind it, the last one home
         assert sent == (3 * (world - 1) + 1 if world > 1 else 0)
+
+
+def bf16_job():
+    import torch.distributed as dist
+
+    from course_lib.cp.ring_attention import ring_attention
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pos = chunk_positions(rank, world, 64, "zigzag")
+    q, k, v, g = (t.index_select(2, pos).to(torch.bfloat16) for t in whole(64, scale=3.0))
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = ring_attention(q, k, v, layout="zigzag")
+    out.backward(g)
+    return [t.double() for t in (out.detach(), q.grad, k.grad, v.grad)]
+
+
+def test_half_precision_sums_in_fp32_as_close_as_torch_s_own_kernel():
+    # bf16 inputs with large scores: ring sums kept in bf16 are several times worse
+    q, k, v, g = (t.clone().requires_grad_() for t in whole(64, scale=3.0))
+    exact = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    exact.backward(g)
+    exact_all = [exact.detach(), q.grad, k.grad, v.grad]
+    qb, kb, vb = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+    theirs = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
+    theirs.backward(g.to(torch.bfloat16))
+    torch_all = [t.double() for t in (theirs.detach(), qb.grad, kb.grad, vb.grad)]
+
+    def error(got, want):
+        return ((got - want).norm() / want.norm()).item()
+
+    ours = run(bf16_job, nproc=2, timeout=120)
+    for rank, tensors in enumerate(ours):
+        pos = chunk_positions(rank, 2, 64, "zigzag")
+        for got, want, base in zip(tensors, exact_all, torch_all):
+            want = want.index_select(2, pos)
+            assert error(got, want) < 2 * error(base.index_select(2, pos), want) + 2e-3

@@ -77,3 +77,31 @@ def refused():
 def test_experts_that_do_not_split_over_the_ranks_are_refused():
     with pytest.raises(Exception, match="4 experts do not split over 3 ranks"):
         run(refused, nproc=3)
+
+
+def one_expert_job(tokens_need_grad):
+    import torch.distributed as dist
+
+    from course_lib.ep import ExpertParallelMoE
+
+    moe = MoE(d_model=6, d_ff=8, n_experts=2, top_k=1, capacity_factor=2.0, seed=2)
+    with torch.no_grad():
+        moe.router.weight[0], moe.router.weight[1] = 1.0, -1.0  # expert 0 takes every token
+    layer = ExpertParallelMoE.from_dense(moe)
+    tokens, grads = data(2)
+    x = (tokens[dist.get_rank()].abs() + 0.1).requires_grad_(tokens_need_grad)
+    out, aux = layer(x)
+    ((out * grads[dist.get_rank()]).sum() + aux).backward()
+    return layer.first, [None if p.grad is None else p.grad.abs().sum().item()
+                         for p in layer.experts[0].parameters()]
+
+
+@pytest.mark.parametrize("tokens_need_grad", [True, False])
+def test_a_rank_whose_experts_keep_no_row_still_joins_every_backward_exchange(tokens_need_grad):
+    # rank 1 holds expert 1, which no token picks: its forward sends and receives nothing
+    # but counts, and its backward must still take part in both all-to-alls
+    (first0, grads0), (first1, grads1) = run(one_expert_job, tokens_need_grad, nproc=2,
+                                             timeout=60)
+    assert (first0, first1) == (0, 1)
+    assert all(g is not None and g > 0 for g in grads0)
+    assert all(g is None for g in grads1)

@@ -61,6 +61,15 @@ def all_to_all_blocking(output, input, output_splits, input_splits, group=None):
     output[recv_at[r]:recv_at[r] + output_splits[r]] = input[send_at[r]:send_at[r] + input_splits[r]]
 
 
+def all_to_all_without_own_piece(output, input, output_splits, input_splits, group=None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    send_at, recv_at = _offsets(input_splits), _offsets(output_splits)
+    comm.exchange(sends=[(input[send_at[p]:send_at[p] + input_splits[p]], p)
+                         for p in range(n) if p != r and input_splits[p]],
+                  recvs=[(output[recv_at[p]:recv_at[p] + output_splits[p]], p)
+                         for p in range(n) if p != r and output_splits[p]], group=group)
+
+
 def all_to_all_uncounted(output, input, output_splits, input_splits, group=None):
     ins = list(input.split(input_splits))
     outs = list(output.split(output_splits))
@@ -74,6 +83,7 @@ def test_all_to_all_passes_as_judged(sandbox):
 @pytest.mark.parametrize("wrong, n, reason", [
     (all_to_all_even, 2, "The splits are uneven"),
     (all_to_all_wrong_peer, 3, "but they came from rank"),
+    (all_to_all_without_own_piece, 1, "copy the input rows you cut for yourself"),
 ])
 def test_all_to_all_wrong_answers(wrong, n, reason):
     with pytest.raises(checks.CheckFailed, match=reason):
@@ -177,6 +187,32 @@ def block_after_it_was_overwritten(q, k, v, group=None):
     return ring_attention_forward(q, k, v, group, wait_first=True)
 
 
+def blocking_exchange_first(q, k, v, group=None):
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    s = q.shape[-2]
+    kv, out, lse = torch.stack([k, v]), None, None
+    for t in range(n):
+        owner = (r - t) % n
+        incoming = torch.empty_like(kv)
+        if t < n - 1:  # the next block arrives before this one is computed: no overlap
+            comm.exchange(sends=[(kv, (r + 1) % n)], recvs=[(incoming, (r - 1) % n)],
+                          group=group)
+        if owner <= r:
+            mask = causal_mask(torch.arange(r * s, (r + 1) * s),
+                               torch.arange(owner * s, (owner + 1) * s))
+            o, l = attention_with_lse(q, kv[0], kv[1], mask)
+            out, lse = (o, l) if out is None else merge(out, lse, o, l)
+        kv = incoming if t < n - 1 else kv
+    return out
+
+
+def scores_of_every_block(q, k, v, group=None):
+    n = dist.get_world_size(group)
+    for block in k.new_zeros(n, *k.shape):  # q k^T of the future blocks too, then dropped
+        _ = q @ block.transpose(-2, -1)
+    return ring_attention_forward(q, k, v, group)
+
+
 def test_ring_forward_passes_as_judged(sandbox):
     assert "r + 1 blocks" in judged(sandbox, lab07.check_ring_forward, ring_attention_forward)
 
@@ -185,6 +221,8 @@ def test_ring_forward_passes_as_judged(sandbox):
     (no_causal_skip, "needs only 1"),
     (off_by_one_block, "wrong values"),
     (block_after_it_was_overwritten, "wrong values"),
+    (blocking_exchange_first, "nothing was computed while the first block's exchange"),
+    (scores_of_every_block, "needs only 1"),
 ])
 def test_ring_forward_wrong_answers(wrong, reason):
     with pytest.raises(checks.CheckFailed, match=reason):

@@ -3,8 +3,11 @@ report (values, traffic, floating-point operations) as plain data. Nothing here 
 out what the answer should be: the checks do, in their own process (:mod:`.references`)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import comm
@@ -12,11 +15,58 @@ from course_lib.grading.lab07 import references
 
 
 def _group(use_pair):
-    """The world, or ranks {0, 1} of 3 as one group and rank 2 alone (every rank makes both)."""
+    """The world, or ranks {1, 2} of 3 as one group and rank 0 alone (every rank makes
+    both): group-local ranks that are not the global ones."""
     if not use_pair:
         return None
-    pair, alone = dist.new_group([0, 1]), dist.new_group([2])
-    return pair if dist.get_rank() < 2 else alone
+    alone, pair = dist.new_group([0]), dist.new_group([1, 2])
+    return pair if dist.get_rank() > 0 else alone
+
+
+_MATMULS = {"mm", "bmm", "matmul", "addmm", "baddbmm", "einsum"}
+
+
+class _Timeline(TorchDispatchMode):
+    """Records, in order, each matrix product the student's code runs ("compute")."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in _MATMULS:
+            self.events.append(("compute", None))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _posts_and_waits(events):
+    """Records each message the student posts through course_lib.comm ("post", i) and
+    the wait on its handle ("wait", i)."""
+    originals = {name: getattr(comm, name) for name in ("exchange_async", "isend", "irecv")}
+
+    def logged(original):
+        def post(*args, **kwargs):
+            handle = original(*args, **kwargs)
+            number = sum(1 for kind, _ in events if kind == "post")
+            events.append(("post", number))
+            wait = handle.wait
+
+            def waited(*a, **k):
+                events.append(("wait", number))
+                return wait(*a, **k)
+
+            handle.wait = waited
+            return handle
+        return post
+
+    for name, original in originals.items():
+        setattr(comm, name, logged(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(comm, name, original)
 
 
 def all_to_all_job(fn, use_pair, cases_by_size):
@@ -38,10 +88,23 @@ def all_to_all_job(fn, use_pair, cases_by_size):
 
 
 def ring_forward_job(fn, use_pair):
-    """This rank's chunk of q, k, v -> (output, traffic, floating-point operations)."""
+    """This rank's chunk of q, k, v -> (output, traffic, floating-point operations,
+    whether a matrix product ran between the first message's post and its wait)."""
     group = _group(use_pair)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     q, k, v = (z.chunk(n, dim=-2)[r].contiguous() for z in references.ring_qkv(n))
-    with comm.counting() as stats, FlopCounterMode(display=False) as flops:
+    events = []
+    with comm.counting() as stats, FlopCounterMode(display=False) as flops, \
+            _posts_and_waits(events), _Timeline(events):
         got = fn(q, k, v, group)
-    return got, stats.as_dict(), flops.get_total_flops()
+    return got, stats.as_dict(), flops.get_total_flops(), _overlapped(events)
+
+
+def _overlapped(events):
+    """None: no message posted through course_lib.comm's non-blocking calls; else
+    whether compute ran while the first one was in flight."""
+    if ("post", 0) not in events:
+        return None
+    start = events.index(("post", 0))
+    end = events.index(("wait", 0)) if ("wait", 0) in events else len(events)
+    return any(kind == "compute" for kind, _ in events[start:end])
