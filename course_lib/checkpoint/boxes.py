@@ -94,6 +94,8 @@ def byte_ranges(stored, wanted, element_size):
     (so, sz), (wo, wz) = stored, wanted
     if overlap(stored, wanted) != (tuple(wo), tuple(wz)):
         raise ValueError(f"box {wanted} is not inside the stored box {stored}")
+    if not sz:  # a 0-d tensor: one element
+        return [(0, element_size)]
     strides = [math.prod(sz[d + 1:]) for d in range(len(sz))]
     runs = []
     for index in _lines(wz[:-1]):  # every line of the wanted box along the last dim

@@ -54,17 +54,16 @@ def _is_tensor_entry(value):
         and all(isinstance(v, ShardedTensor) for v in value))
 
 
-def save(state, path, group=None, on_stage=None):
-    """Write ``state`` (see the module) to the new directory ``path`` on every rank of
-    ``group``; returns the bytes this rank wrote. ``on_stage(stage)`` is called after
-    "data", "index" (rank 0) and "commit" (rank 0): the tests kill a rank there."""
-    path = Path(path)
-    rank = dist.get_rank(group)
+def refuse_committed(path):
     if is_committed(path):  # the same answer on every rank: they share the directory
         raise CheckpointError(f"{path} already holds a committed checkpoint: a save never "
                               f"overwrites one; save to a new directory")
-    path.mkdir(parents=True, exist_ok=True)
-    blob, described, values = bytearray(), [], {}
+
+
+def layout(state, path, rank):
+    """(the tensors this rank writes, in order; their descriptions for the index; the
+    plain values) of ``state``."""
+    tensors, described, values, at = [], [], {}, 0
     for name, value in state.items():
         if not _is_tensor_entry(value):
             try:
@@ -74,24 +73,52 @@ def save(state, path, group=None, on_stage=None):
                                       f"nor a plain value JSON can hold ({exc})") from None
             continue
         for piece in _pieces(name, value, rank):
-            data = _as_bytes(piece.local)
+            nbytes = piece.local.numel() * piece.local.element_size()
             described.append({"name": name, "shape": list(piece.global_shape),
                               "dtype": str(piece.local.dtype).removeprefix("torch."),
                               "rank": rank, "file": data_file(rank),
                               "offsets": list(piece.offsets), "sizes": list(piece.local.shape),
-                              "byte_offset": len(blob), "nbytes": len(data)})
-            blob += data
-    write_atomically(path / data_file(rank), bytes(blob))
+                              "byte_offset": at, "nbytes": nbytes})
+            tensors.append(piece.local)
+            at += nbytes
+    return tensors, described, values
+
+
+def write_data(path, rank, tensors):
+    write_atomically(Path(path) / data_file(rank), b"".join(_as_bytes(t) for t in tensors))
+
+
+def commit(path, everyone, values, on_stage=None):
+    """Rank 0, once every rank's data is on disk: the index, then the marker."""
+    write_atomically(Path(path) / INDEX, json.dumps(_index(path, everyone, values)).encode())
+    _stage(on_stage, "index")
+    write_atomically(Path(path) / COMMITTED, b"")
+    _stage(on_stage, "commit")
+
+
+def save(state, path, group=None, on_stage=None, local=False):
+    """Write ``state`` (see the module) to the new directory ``path`` on every rank of
+    ``group``; returns the bytes this rank wrote. ``local=True``: this process alone, no
+    communication (a pipeline stage saving on its own). ``on_stage(stage)`` is called
+    after "data", "index" and "commit" (the last two on rank 0): the tests kill a rank
+    there."""
+    path = Path(path)
+    rank = 0 if local else dist.get_rank(group)
+    refuse_committed(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors, described, values = layout(state, path, rank)
+    write_data(path, rank, tensors)
     _stage(on_stage, "data")
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, described, group=group)  # every rank's data is on disk
+    if local:
+        everyone = [described]
+    else:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, described, group=group)  # every rank's data is on disk
     if rank == 0:
-        write_atomically(path / INDEX, json.dumps(_index(path, everyone, values)).encode())
-        _stage(on_stage, "index")
-        write_atomically(path / COMMITTED, b"")
-        _stage(on_stage, "commit")
-    dist.barrier(group=group)  # nobody returns before the checkpoint exists
-    return len(blob)
+        commit(path, everyone, values, on_stage)
+    if not local:
+        dist.barrier(group=group)  # nobody returns before the checkpoint exists
+    return sum(d["nbytes"] for d in described)
 
 
 def _stage(on_stage, stage):

@@ -83,6 +83,7 @@ def test_byte_ranges_read_exactly_the_overlap():
         assert read == want.numpy().tobytes()
         assert sum(n for _, n in runs) == want.numel() * 4
         assert all(a[0] + a[1] < b[0] for a, b in zip(runs, runs[1:]))  # merged, in order
+    assert byte_ranges(((), ()), ((), ()), 8) == [(0, 8)]  # a 0-d tensor: one element
     whole = ((0, 0, 0), shape)
     assert byte_ranges(whole, whole, 4) == [(0, values.numel() * 4)]
     with pytest.raises(ValueError, match="not inside"):

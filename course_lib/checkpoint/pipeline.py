@@ -1,0 +1,39 @@
+"""Per-stage checkpoints (PipeDream, Lab 08): each pipeline stage saves its own layers
+when it is ready, with no barrier across stages; a restart picks the newest step that
+every stage committed.
+
+Stage s of step t lives in ``root/step_<t>/stage_<s>``, a checkpoint of its own (its data,
+index and commit marker). A stage that died while saving step t leaves step t incomplete,
+and :func:`latest_complete` goes back to the newest step all stages finished::
+
+    save_stage(stage_state, "ckpt", step=120, stage=s)
+    step_dir = latest_complete("ckpt", n_stages=4)     # ckpt/step_000120, or an earlier one
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from course_lib.checkpoint.files import is_committed
+from course_lib.checkpoint.save import save
+
+
+def stage_path(root, step, stage):
+    return Path(root) / f"step_{step:06d}" / f"stage_{stage:03d}"
+
+
+def save_stage(state, root, step, stage):
+    """This stage's state for ``step``, saved by this process alone; the bytes written."""
+    return save(state, stage_path(root, step, stage), local=True)
+
+
+def latest_complete(root, n_stages):
+    """The newest ``step_*`` directory under ``root`` in which all ``n_stages`` stages
+    committed, or None."""
+    root = Path(root)
+    steps = []
+    for child in root.iterdir() if root.is_dir() else []:
+        found = re.fullmatch(r"step_(\d+)", child.name)
+        if found and all(is_committed(child / f"stage_{s:03d}") for s in range(n_stages)):
+            steps.append((int(found.group(1)), child))
+    return max(steps)[1] if steps else None

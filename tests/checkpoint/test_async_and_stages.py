@@ -1,0 +1,53 @@
+"""An asynchronous save holds the state as it was when save() returned, while the loop
+changes it; a second save waits for the first. Per-stage checkpoints: each stage saves
+alone, and the newest step every stage committed is the one to resume from."""
+import torch
+import torch.distributed as dist
+
+from conftest import ship_by_value
+from course_lib import run
+from course_lib.checkpoint import (AsyncCheckpointer, ShardedTensor, consolidate, latest,
+                                   latest_complete, save_stage)
+
+ship_by_value(__name__)
+
+
+def train_while_saving(root):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    weights = torch.arange(12.0).reshape(4, 3)[rank * 2:(rank + 1) * 2].clone()
+    saver = AsyncCheckpointer()
+    for step in range(3):
+        saver.save({"w": ShardedTensor(weights, (4, 3), (rank * 2, 0)), "step": step},
+                   f"{root}/step_{step:06d}")
+        weights += 100  # the loop goes on while the thread writes
+    saver.wait()
+    return saver.blocked_s
+
+
+def test_an_async_save_keeps_the_state_of_its_call(tmp_path):
+    blocked = run(train_while_saving, tmp_path, nproc=2, timeout=120)
+    assert all(b > 0 for b in blocked)
+    for step in range(3):
+        got = consolidate(tmp_path / f"step_{step:06d}")
+        assert torch.equal(got["w"], torch.arange(12.0).reshape(4, 3) + 100 * step)
+        assert got["step"] == step
+    assert latest(tmp_path) == tmp_path / "step_000002"
+
+
+def stage_saves(root, last_step_of_stage):
+    stage = dist.get_rank()
+    for step in range(1, last_step_of_stage[stage] + 1):  # no barrier between the stages
+        save_stage({"layers": torch.full((2,), float(10 * stage + step)), "step": step},
+                   root, step, stage)
+    return stage
+
+
+def test_each_stage_saves_alone_and_the_newest_complete_step_wins(tmp_path):
+    # stage 1 dies after step 2, the others reach step 3
+    run(stage_saves, tmp_path, [3, 2, 3], nproc=3, timeout=120)
+    step = latest_complete(tmp_path, n_stages=3)
+    assert step == tmp_path / "step_000002"
+    for stage in range(3):
+        got = consolidate(step / f"stage_{stage:03d}")
+        assert torch.equal(got["layers"], torch.full((2,), float(10 * stage + 2)))
+    assert latest_complete(tmp_path, n_stages=4) is None
