@@ -50,6 +50,7 @@ test-slow: setup sandbox
 # The distributed tests and every solution notebook with gloo keeping NCCL's rules
 # (course_lib/runtime/nccl_rules.py): what would hang or break on a GPU cluster fails here
 RULES_TESTS ?= tests/collectives tests/ddp tests/fsdp tests/pipeline tests/tp tests/hybrid tests/cp tests/ep \
+	tests/checkpoint \
 	tests/test_comm.py tests/test_mesh.py tests/runtime/test_nccl_rules.py solutions
 test-nccl-rules: setup
 	COURSE_LIB_NCCL_RULES=1 $(BIN)/python -m pytest $(RULES_TESTS) -p no:cacheprovider --durations=10

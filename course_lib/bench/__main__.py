@@ -6,6 +6,7 @@
     python -m course_lib.bench fsdp --nproc 2 --dim 128 --layers 4
     python -m course_lib.bench pipeline --nproc 2 --json out.json
     python -m course_lib.bench tp --nproc 2 --dim 256 --heads 8   # ours vs torch DTensor vs t=1
+    python -m course_lib.bench checkpoint --nproc 4 --size-mb 64  # ours vs DCP, async save
     python -m course_lib.bench ep --nproc 2 --tokens 4096 --experts 8 --top-k 2  # vs dense MoE
     python -m course_lib.bench cp --nproc 2 --seq 1024 --dim 256 --heads 8  # ring vs torch CP vs dense
 
@@ -92,6 +93,12 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", default=None)
+    p = sub.add_parser("checkpoint", help="sharded save and load: ours vs torch DCP, async")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--size-mb", type=float, default=64, help="the whole state, all ranks")
+    p.add_argument("--tensors", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=None)
     p = sub.add_parser("pipeline", help="naive MP, GPipe, 1F1B: ours vs torch.distributed.pipelining")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="auto")
@@ -131,6 +138,13 @@ def main(argv=None):
                          backend=ns.backend)
         print(bcp.format_table(timed, ns.nproc, work, mem))
         result = {"timed": timed, "imbalance": work, "memory": mem}
+    if ns.what == "checkpoint":
+        from course_lib.bench import checkpoint as bk
+        from course_lib.runtime.launcher import run
+
+        result = run(bk.measure, size_mb=ns.size_mb, tensors=ns.tensors, rounds=ns.rounds,
+                     nproc=ns.nproc, backend="gloo", timeout=3600)[0]
+        print(bk.format_table(result))
     if ns.what == "ep":
         from course_lib.bench import ep as be
         from course_lib.runtime.launcher import run

@@ -90,17 +90,25 @@ def overlap(box_a, box_b):
 def byte_ranges(stored, wanted, element_size):
     """(offset, length) byte runs to read, in order, of the box ``wanted`` (inside
     ``stored``) from ``stored`` saved as one contiguous row-major array: one run per
-    row of the last dimension, merged where consecutive runs touch."""
+    line of the wanted box along the innermost dimension it does not cover whole,
+    merged where consecutive runs touch."""
     (so, sz), (wo, wz) = stored, wanted
     if overlap(stored, wanted) != (tuple(wo), tuple(wz)):
         raise ValueError(f"box {wanted} is not inside the stored box {stored}")
     if not sz:  # a 0-d tensor: one element
         return [(0, element_size)]
     strides = [math.prod(sz[d + 1:]) for d in range(len(sz))]
+    # the dims after ``inner`` are whole in both boxes: a line along ``inner`` is then
+    # one run of wz[inner] * strides[inner] elements (a whole-rows box is one run)
+    inner = len(sz) - 1
+    while inner > 0 and all(wz[d] == sz[d] for d in range(inner, len(sz))):
+        inner -= 1
+    length = wz[inner] * strides[inner] * element_size
     runs = []
-    for index in _lines(wz[:-1]):  # every line of the wanted box along the last dim
-        first = sum((w + i - s) * st for w, i, s, st in zip(wo, (*index, 0), so, strides))
-        start, length = first * element_size, wz[-1] * element_size
+    for index in _lines(wz[:inner]):
+        first = sum((w + i - s) * st for w, i, s, st in
+                    zip(wo, (*index, 0), so, strides[:inner + 1]))
+        start = first * element_size
         if runs and runs[-1][0] + runs[-1][1] == start:
             runs[-1] = (runs[-1][0], runs[-1][1] + length)
         else:

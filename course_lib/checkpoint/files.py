@@ -27,12 +27,14 @@ def data_file(rank):
     return f"rank{rank:05d}.bin"
 
 
-def write_atomically(path, data: bytes):
-    """``data`` at ``path``, all or nothing."""
+def write_atomically(path, data):
+    """``data`` (bytes, or an iterable of buffers written one after the other, so that
+    tensors need not be joined into one copy first) at ``path``, all or nothing."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as f:
-        f.write(data)
+        for chunk in [data] if isinstance(data, (bytes, bytearray)) else data:
+            f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, path)

@@ -73,12 +73,16 @@ def _load_tensor(path, index, name, value):
             common = overlap(stored, box)
             if common is None:
                 continue
-            block = _read(path / piece["file"], piece["byte_offset"], stored, common, dtype)
-            read += block.numel() * block.element_size()
             where = tuple(slice(o - b, o - b + z) for o, b, z in zip(common[0], box[0],
                                                                       common[1]))
+            target = destination[where]
+            direct = target.is_contiguous() and target.device.type == "cpu"
             with torch.no_grad():
-                destination[where].copy_(block)
+                block = _read(path / piece["file"], piece["byte_offset"], stored, common,
+                              dtype, out=target if direct else None)
+                if not direct:
+                    target.copy_(block)
+            read += block.numel() * block.element_size()
             filled += block.numel()
         if filled != math.prod(box[1]):
             raise CheckpointError(f"{path}: the saved pieces of {name!r} cover {filled} of the "
@@ -86,18 +90,24 @@ def _load_tensor(path, index, name, value):
     return read
 
 
-def _read(file, base, stored, common, dtype):
-    """The overlap ``common`` of the piece ``stored`` (at byte ``base`` of ``file``)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    chunks = []
-    with open(file, "rb") as f:
-        for start, length in byte_ranges(stored, common, size):
+def _read(file, base, stored, common, dtype, out=None):
+    """The overlap ``common`` of the piece ``stored`` (at byte ``base`` of ``file``),
+    read straight into ``out`` (a contiguous host tensor of its shape) or a new tensor."""
+    block = torch.empty(common[1], dtype=dtype) if out is None else out
+    if block.numel() == 0:
+        return block
+    into = memoryview(block.reshape(-1).view(torch.uint8).numpy())
+    at = 0
+    with open(file, "rb", buffering=0) as f:
+        for start, length in byte_ranges(stored, common, block.element_size()):
             f.seek(base + start)
-            chunks.append(f.read(length))
-    raw = bytearray(b"".join(chunks))
-    if not raw:
-        return torch.empty(common[1], dtype=dtype)
-    return torch.frombuffer(raw, dtype=dtype).reshape(common[1])
+            while length:  # a raw read may return less than asked
+                got = f.readinto(into[at:at + length])
+                if not got:
+                    raise CheckpointError(f"{file} ends before byte {base + start + length}: "
+                                          f"the checkpoint is damaged")
+                at, start, length = at + got, start + got, length - got
+    return block
 
 
 def consolidate(path):

@@ -33,9 +33,10 @@ from course_lib.checkpoint.files import (COMMITTED, INDEX, CheckpointError, data
                                          is_committed, write_atomically)
 
 
-def _as_bytes(tensor):
+def _as_buffer(tensor):
+    """The tensor's bytes, without a copy when it is already contiguous on the host."""
     flat = tensor.detach().contiguous().reshape(-1).cpu()
-    return flat.view(torch.uint8).numpy().tobytes()
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def _pieces(name, value, rank):
@@ -85,7 +86,7 @@ def layout(state, path, rank):
 
 
 def write_data(path, rank, tensors):
-    write_atomically(Path(path) / data_file(rank), b"".join(_as_bytes(t) for t in tensors))
+    write_atomically(Path(path) / data_file(rank), (_as_buffer(t) for t in tensors))
 
 
 def commit(path, everyone, values, on_stage=None):

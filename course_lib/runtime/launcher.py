@@ -226,8 +226,12 @@ def _errors(job, nproc):
     errors = []
     for rank in range(nproc):
         path = job.dir / f"error{rank}.json"
-        if path.exists():
+        try:
             errors.append(json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
+        except ValueError:  # cut short: its rank was ended while writing it (the rank
+            continue        # that failed first, whose record is whole, names the cause)
     return _failure(errors, job.log) if errors else None
 
 

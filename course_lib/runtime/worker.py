@@ -291,7 +291,11 @@ def _report(job, rank, exc):
     failed_at = time.time()
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
               "traceback": _user_traceback(exc), "time": failed_at}
-    (job / f"error{rank}.json").write_text(json.dumps(record))
+    # under a temporary name, then renamed: torchrun ends the other ranks as soon as one
+    # fails, and a rank ended halfway through its write must not leave half a record
+    partial = job / f"error{rank}.json.tmp"
+    partial.write_text(json.dumps(record))
+    os.replace(partial, job / f"error{rank}.json")
     # The full traceback travels in the LaunchError; one line here keeps the
     # cell readable when the other ranks fail as a consequence.
     print(f"failed with {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
