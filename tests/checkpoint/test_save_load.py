@@ -121,3 +121,21 @@ def test_bad_requests_name_the_checkpoint_the_tensor_and_what_differs(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load({"w": torch.zeros(7, 5)}, tmp_path / "nowhere")
     assert latest(tmp_path / "nowhere") is None
+
+
+def load_and_die(path):
+    state = {"w": torch.zeros(SHAPES["w"]), "b": torch.zeros(SHAPES["b"])}
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # a rank ended in the middle of a load
+    load(state, path)
+    return True
+
+
+def test_a_load_killed_on_a_rank_leaves_the_checkpoint_loadable(tmp_path):
+    path = tmp_path / "step_000001"
+    run(save_fsdp, path, nproc=2, timeout=120)
+    before = sorted((p.name, p.stat().st_size) for p in path.iterdir())
+    with pytest.raises(LaunchError):
+        run(load_and_die, path, nproc=2, timeout=120)
+    assert sorted((p.name, p.stat().st_size) for p in path.iterdir()) == before
+    assert torch.equal(consolidate(path)["w"], full("w"))
