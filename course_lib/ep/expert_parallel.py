@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from course_lib import trace
 from course_lib.collectives.all_to_all import all_to_all
 from course_lib.ep.moe import capacity
+from course_lib.tp.regions import compute_region
 
 
 class AllToAll(torch.autograd.Function):
@@ -67,37 +68,12 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None, None, None, None
 
 
-class _OnBackward(torch.autograd.Function):
-    """The identity; its backward calls ``hook()`` as the gradient passes through."""
-
-    @staticmethod
-    def forward(ctx, x, hook):
-        ctx.hook = hook
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.hook()
-        return grad, None
-
-
 def _run_expert(expert, rows, name):
-    """``expert(rows)`` in a span ``name``; on a traced rank its backward is a span
-    "``name`` backward" too: it starts where the gradient reaches the expert's output
-    and ends where it leaves by its input. Autograd's CPU engine usually runs one
-    expert's backward through before the next, so the span holds that expert alone; the
-    engine promises no order, so read the backward spans as approximate."""
-    tracer = trace.get_tracer()
-    if tracer is None:  # untraced, the layer's graph gets no extra nodes
-        return expert(rows)
-    count = rows.shape[0]
-    with tracer.span(name, "compute", rows=count):
-        if not rows.requires_grad:  # no gradient will leave by the input: no end mark
-            return expert(rows)
-        began = []
-        rows = _OnBackward.apply(rows, lambda: tracer.record(
-            f"{name} backward", "compute", began.pop(), tracer.stamp(), rows=count))
-        return _OnBackward.apply(expert(rows), lambda: began.append(tracer.stamp()))
+    """``expert(rows)`` as a compute region (:func:`~course_lib.tp.regions.compute_region`):
+    spans ``name`` and "``name`` backward" on a traced rank, carrying the rows. Autograd's
+    CPU engine usually runs one expert's backward through before the next, so the span
+    holds that expert alone; the engine promises no order, so read them as approximate."""
+    return compute_region(name, expert, rows, rows=rows.shape[0])
 
 
 def _summed(values, group):

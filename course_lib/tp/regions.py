@@ -26,16 +26,16 @@ class _BackwardEnds(torch.autograd.Function):
     """On the region's input: its backward runs after the region's, closing the span."""
 
     @staticmethod
-    def forward(ctx, x, name, state):
-        ctx.name, ctx.state = name, state
+    def forward(ctx, x, name, state, meta=None):
+        ctx.name, ctx.state, ctx.meta = name, state, meta or {}
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         tracer, start = trace.get_tracer(), ctx.state.pop("start", None)
         if tracer is not None and start is not None:
-            tracer.record(f"{ctx.name} backward", "compute", start, tracer.stamp())
-        return grad, None, None
+            tracer.record(f"{ctx.name} backward", "compute", start, tracer.stamp(), **ctx.meta)
+        return grad, None, None, None
 
 
 class _BackwardStarts(torch.autograd.Function):
@@ -54,13 +54,13 @@ class _BackwardStarts(torch.autograd.Function):
         return grad, None
 
 
-def compute_region(name, fn, x):
+def compute_region(name, fn, x, **meta):
     """``fn(x)``, recorded as a ``compute`` span ``name`` in forward and ``name
-    backward`` in backward when a trace is recording. ``x`` and ``fn(x)`` are
-    tensors; the backward span needs ``x`` to require grad (it ends when x's
-    gradient is ready)."""
+    backward`` in backward when a trace is recording (both carrying ``meta``). ``x``
+    and ``fn(x)`` are tensors; the backward span needs ``x`` to require grad (it ends
+    when x's gradient is ready)."""
     state = {}
-    x = _BackwardEnds.apply(x, name, state)
-    with trace.span(name, "compute"):
+    x = _BackwardEnds.apply(x, name, state, meta)
+    with trace.span(name, "compute", **meta):
         y = fn(x)
     return _BackwardStarts.apply(y, state)
