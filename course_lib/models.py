@@ -166,7 +166,9 @@ def param_by_name(name: str, shape, seed: int) -> torch.Tensor:
         return torch.ones(shape, device="cpu")
     gen = torch.Generator(device="cpu").manual_seed(param_seed(name, seed))
     std = 0.02 if len(shape) == 2 and "pos" not in name else 0.01
-    value = torch.randn(shape, generator=gen, device="cpu") * std
+    # scaled in place: one tensor of the parameter's size, not two (Lab 08's meta init
+    # peaks at one shard plus the largest parameter)
+    value = torch.randn(shape, generator=gen, device="cpu").mul_(std)
     if len(shape) == 2 and shape[1] > 0:
         value *= min(1.0, math.sqrt(256 / shape[1]))
     return value
@@ -185,9 +187,13 @@ def init_deterministic(module: nn.Module, seed: int, prefix: str = "") -> nn.Mod
             init_deterministic(block, seed, prefix=f"blocks.{i}.")
 
     Each parameter is drawn from its own generator (seeded by name), so the
-    order and the set of parameters a module holds do not change the values."""
+    order and the set of parameters a module holds do not change the values.
+    Parameters on the meta device are skipped: they have no values to give
+    (:mod:`course_lib.checkpoint.meta_init` gives each rank its slice later)."""
     if prefix and not prefix.endswith("."):
         prefix += "."
     for name, p in module.named_parameters():
+        if p.device.type == "meta":
+            continue
         p.copy_(param_by_name(prefix + name, p.shape, seed).to(p.device, p.dtype))
     return module

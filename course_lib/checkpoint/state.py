@@ -113,9 +113,11 @@ def state_of(model, optimizer=None):
     return state
 
 
-def _init_optimizer_state(model, optimizer):
-    """Give every parameter its optimizer state (Adam creates it at the first step), by a
-    step at learning rate 0 on zero gradients: nothing moves, the tensors exist."""
+def ensure_optimizer_state(model, optimizer):
+    """Give every parameter its optimizer state before a load fills it (Adam creates it
+    at the first step): a step at learning rate 0 on zero gradients, so nothing moves."""
+    if optimizer is None or optimizer.state:
+        return
     rates = [group["lr"] for group in optimizer.param_groups]
     grads = {}
     for group in optimizer.param_groups:
@@ -130,20 +132,25 @@ def _init_optimizer_state(model, optimizer):
         p.grad = grad
 
 
+def set_optimizer_step(state, optimizer):
+    """After a load: every parameter's step count is the one saved (``optim.step``)."""
+    if "optim.step" not in state:
+        return
+    for per_param in optimizer.state.values():
+        if isinstance(per_param.get("step"), torch.Tensor):
+            per_param["step"].copy_(state["optim.step"])
+
+
 def restore(path, model, optimizer=None):
     """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``), whatever
     layout saved it; returns the bytes this rank read."""
     from course_lib.checkpoint.load import load
 
-    if optimizer is not None and not optimizer.state:
-        _init_optimizer_state(model, optimizer)
+    ensure_optimizer_state(model, optimizer)
     state = state_of(model, optimizer)
     read = load(state, path)
-    if "optim.step" in state:  # every parameter's count is the one saved
-        for per_param in optimizer.state.values():
-            if isinstance(per_param.get("step"), torch.Tensor):
-                per_param["step"].copy_(state["optim.step"])
+    set_optimizer_step(state, optimizer)
     return read
 
 
-__all__ = ["state_of", "restore"]
+__all__ = ["state_of", "restore", "ensure_optimizer_state", "set_optimizer_step"]

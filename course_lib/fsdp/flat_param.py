@@ -62,6 +62,7 @@ class FlatParam:
         self.shard = nn.Parameter(flat[start:start + self.shard_numel].clone(),
                                   requires_grad=self.requires_grad)
         self.full = None  # the gathered buffer, allocated at the first unshard
+        self.on_grad = None  # a post-accumulate-grad hook for ``full`` (FSDP's post-backward)
         self.pending = None  # the Handle of an all-gather in flight
         for owners in self.owners:
             for module, attr in owners:
@@ -79,10 +80,14 @@ class FlatParam:
         if self.full is None:
             self.full = torch.empty(self.padded, dtype=self.dtype, device=self.device)
             self.full.requires_grad_(self.requires_grad)
+            if self.on_grad is not None:
+                self.full.register_post_accumulate_grad_hook(self.on_grad)
         else:  # storage freed by reshard(): give it its bytes back
             self.full.untyped_storage().resize_(self.padded * self.full.element_size())
         # .data: the write must not bump the version autograd checks saved views against
-        if _size(self.shard_group) == 1:
+        if self.device.type == "meta":  # no values to gather: shapes only
+            self.pending = Handle.completed()
+        elif _size(self.shard_group) == 1:
             self.full.data.copy_(self.shard.data)
             self.pending = Handle.completed()
         else:
@@ -112,6 +117,12 @@ class FlatParam:
             self.wait()
         if self.full is not None:
             self.full.untyped_storage().resize_(0)
+
+    def materialize(self, shard):
+        """Replace a meta flat parameter's shard by ``shard`` (this rank's values, on
+        their device); ``full`` is allocated again, there, at the next unshard."""
+        self.shard = nn.Parameter(shard, requires_grad=self.requires_grad)
+        self.device, self.full, self.pending = shard.device, None, None
 
     # ---- gradients -----------------------------------------------------------------------
     def reduce_grad(self, replicas):

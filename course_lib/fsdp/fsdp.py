@@ -98,7 +98,8 @@ class FSDP(nn.Module):
         self.replicas = dist.get_world_size(everyone)
         with torch.no_grad():  # every replica starts from rank 0's weights, as DDP
             for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, group=everyone, group_src=0)
+                if tensor.device.type != "meta":  # meta: no values yet (checkpoint.meta_init)
+                    dist.broadcast(tensor.data, group=everyone, group_src=0)
         self.plan = plan_units(module, units)
         ops = collectives_for(collectives)
         owners, params = _owners(module)
@@ -126,9 +127,9 @@ class FSDP(nn.Module):
                     lambda mod, args, out, unit=unit: self._post_forward(unit, out)))
             for flat in unit.flats:
                 if flat.requires_grad:
-                    flat.unshard()  # allocates ``full`` so that its grad hook can exist
-                    flat.full.register_post_accumulate_grad_hook(
-                        lambda _, unit=unit, flat=flat: self._post_backward(unit, flat))
+                    # on every ``full`` the flat allocates (its first unshard, here)
+                    flat.on_grad = lambda _, unit=unit, flat=flat: self._post_backward(unit, flat)
+                    flat.unshard()
                     flat.reshard()
         self._root = next(u for u in self.units if u.name == "") if self.plan[""] else None
         self._in_backward = False

@@ -10,7 +10,8 @@ How a job can never outlive the notebook kernel, with no ``preexec_fn`` (not
 safe in a threaded kernel, and ``PR_SET_PDEATHSIG`` fires when the *thread*
 that started the child ends, which would kill a warm job started from a
 helper thread): every rank watches the kernel's pid and exits when it is
-gone, and torchrun (``--max-restarts=0``) exits when its ranks fail.
+gone, and torchrun exits when its ranks fail (at once with ``--max-restarts=0``,
+the default; after ``max_restarts`` fresh starts of every rank otherwise).
 """
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ class Job:
     """``python -m torch.distributed.run ... -m course_lib.runtime.worker DIR`` on
     ``nproc`` ranks of one node. ``spec`` is what the ranks read at start-up."""
 
-    def __init__(self, nproc, backend, spec, extra_env=None):
+    def __init__(self, nproc, backend, spec, extra_env=None, max_restarts=0):
         self.nproc, self.backend, self.id = nproc, backend, uuid.uuid4().hex
+        self.max_restarts = max_restarts
         procs.sweep_folders()  # what killed kernels left
         self.dir = Path(tempfile.mkdtemp(prefix="course-job-"))
         (self.dir / "spec.json").write_text(json.dumps({**spec, "backend": backend,
@@ -70,7 +72,8 @@ class Job:
     def _command(self, spec):
         # --standalone: the rendezvous store binds port 0 and learns its port from
         # the kernel, so two notebooks launching at the same moment never collide.
-        options = [f"--nproc-per-node={self.nproc}", "--max-restarts=0", "--monitor-interval=0.1"]
+        options = [f"--nproc-per-node={self.nproc}", f"--max-restarts={self.max_restarts}",
+                   "--monitor-interval=0.1"]
         if spec["mode"] != "script" and self.backend == "gloo" and not spec.get("nccl_rules"):
             # torchrun with the ranks forked from it (torch imported once): agent.py
             return [sys.executable, str(AGENT), *options, str(self.dir)]
@@ -94,6 +97,12 @@ class Job:
         if env.get("PYTHONPATH"):
             roots.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(roots)
+        if self.max_restarts:
+            # A restarted rank would otherwise meet the previous attempt's keys in the store
+            # torchrun's rendezvous shares with init_process_group, and dial a dead peer's
+            # port (gloo: "connectFullMesh failed ... Connection refused"; pytorch#135712):
+            # with sharing off, every attempt's rank 0 hosts a store of its own.
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         env.update(extra)
         return env
 

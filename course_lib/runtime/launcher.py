@@ -15,7 +15,8 @@ from the state a fresh job would have. Under NCCL each rank's default device
 is its GPU, so tensors a notebook function creates land on the rank's GPU.
 
 Failures are loud and bounded: a rank that raises gives :class:`LaunchError`
-with that rank's traceback; a call still running at ``timeout`` gives
+with that rank's traceback (with ``max_restarts=N``, torchrun first starts every rank
+afresh up to N times: how a training job survives a dead rank, Lab 08); a call still running at ``timeout`` gives
 :class:`LaunchTimeout` with the Python stack of every rank still alive. After
 either, and after a kernel interrupt, every process of the job is killed and
 waited for before the call returns; the next call starts a fresh job.
@@ -68,9 +69,11 @@ class LaunchTimeout(LaunchError):
 class Results(list):
     """Per-rank return values (``results[r]`` came from rank r), plus the job's
     merged :class:`~course_lib.trace.Trace` as ``.trace``, its ``.backend``, its
-    rendezvous ``.port`` and ``.wall_time`` in seconds (launch to exit, as the
-    notebook saw it)."""
+    rendezvous ``.port``, ``.wall_time`` in seconds (launch to exit, as the
+    notebook saw it) and ``.restarts``, how many times torchrun restarted the ranks
+    before they returned (0 unless the call gave ``max_restarts``)."""
 
+    restarts = 0
     trace = None
     port = None
     backend = None
@@ -78,14 +81,32 @@ class Results(list):
 
 
 def run(fn, *args, nproc=2, backend="auto", timeout=120.0, fresh=False, nccl_rules=None,
-        **kwargs):
+        max_restarts=0, **kwargs):
     """Run ``fn(*args, **kwargs)`` on every rank, inside an initialised default
     process group, and return the list of per-rank results (a :class:`Results`).
     ``fresh=True`` starts a brand-new job instead of reusing the warm one;
     ``nccl_rules=True`` makes a gloo job refuse what NCCL would
-    (:mod:`course_lib.runtime.nccl_rules`; None: ``COURSE_LIB_NCCL_RULES`` decides)."""
+    (:mod:`course_lib.runtime.nccl_rules`; None: ``COURSE_LIB_NCCL_RULES`` decides).
+
+    ``max_restarts=N``: torchrun's ``--max-restarts``, in a job of its own (never the
+    warm one). A rank that raises or is killed (SIGKILL too) ends every rank, and
+    torchrun starts them all again, fresh processes calling ``fn`` from the top with
+    ``TORCHELASTIC_RESTART_COUNT`` one higher; after N restarts the usual
+    :class:`LaunchError`. ``timeout`` bounds all the attempts together. What survives
+    a restart is what ``fn`` saved (a checkpoint), as on a cluster::
+
+        def train():
+            resume_from_latest_checkpoint_or_start()   # attempt 0 finds none
+            ...
+        run(train, nproc=4, max_restarts=2).restarts    # -> 1 if one rank died once
+    """
     _check(nproc, timeout)
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     payload = cloudpickle.dumps((fn, args, kwargs))
+    if max_restarts:
+        return _run_restartable(payload, nproc, backend, timeout, max_restarts, nccl_rules,
+                                lambda: Shipped((fn, args, kwargs)))
     return _call("fn", payload, nproc, backend, timeout, fresh,
                  lambda: Shipped((fn, args, kwargs)), nccl_rules)
 
@@ -101,12 +122,15 @@ def run_cell(source, namespace=None, *, nproc=2, backend="auto", timeout=120.0, 
                  lambda: Shipped(list((namespace or {}).values()), cell=source), nccl_rules)
 
 
-def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0):
+def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0, max_restarts=0):
     """Run a plain ``.py`` file on every rank (``sys.argv = [path, *script_args]``),
     as ``torchrun`` would, in a fresh job (a script owns its process group: it
     initialises it, e.g. with :func:`course_lib.runtime.backend.init_distributed`;
-    ``COURSE_BACKEND`` tells it which backend was resolved). Returns a
-    :class:`Results` of ``None`` per rank."""
+    ``COURSE_BACKEND`` tells it which backend was resolved). ``max_restarts`` is
+    torchrun's, as in :func:`run`; in a job that restarts, each attempt's rank 0 hosts
+    the process group's store, so a script ends with a collective (a barrier) rather
+    than leaving its peers to find rank 0 gone. Returns a :class:`Results` of ``None``
+    per rank."""
     _check(nproc, timeout)
     path = Path(path).resolve()
     if not path.is_file():
@@ -114,19 +138,53 @@ def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0):
     backend = resolve_backend(backend, nproc)
     started = time.perf_counter()
     job = Job(nproc, backend, {"mode": "script", "timeout": timeout,
-                               "nccl_rules": nccl_rules.requested()})
+                               "nccl_rules": nccl_rules.requested()}, max_restarts=max_restarts)
     (job.dir / "payload.json").write_text(
         json.dumps({"path": str(path), "argv": [str(a) for a in script_args]}))
+    saved = _finish(job, started, timeout)
+    results = Results([None] * nproc)
+    results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
+    results.wall_time = time.perf_counter() - started
+    return results
+
+
+def _run_restartable(payload, nproc, backend, timeout, max_restarts, rules, shipped):
+    """:func:`run` with ``max_restarts``: one function in a torchrun job of its own."""
+    backend = resolve_backend(backend, nproc)
+    rules = nccl_rules.requested() if rules is None else bool(rules)
+    started = time.perf_counter()
+    job = Job(nproc, backend, {"mode": "once", "timeout": timeout, "nccl_rules": rules},
+              max_restarts=max_restarts)
+    (job.dir / "task1.pkl").write_bytes(payload)
+    saved = _finish(job, started, timeout, shipped)
+    results = _results(lambda name: saved[name], nproc, 1)
+    results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
+    results.wall_time = time.perf_counter() - started
+    return results
+
+
+def _finish(job, started, timeout, shipped=None):
+    """Wait for a job that runs to its end (a script, a restartable call), raise what
+    failed; the job is ended and its folder removed either way, results read first."""
+    nproc, saved = job.nproc, {}
     try:
         outcome = job.pump(started + timeout)
         port = job.port
         if outcome == "timeout":
-            error = _timeout_error(timeout, nproc, job.stacks(), job.log)
+            error = _timeout_error(timeout, nproc, job.stacks(), job.log,
+                                   shipped() if shipped else None)
         else:
-            error = _errors(job, nproc) or (
-                None if job.proc.returncode == 0 else
-                _failure([], job.log, f"torchrun exited with status {job.proc.returncode} "
-                         "and no rank reported an error"))
+            error = _errors(job, nproc) if job.proc.returncode else None
+            if error is None and job.proc.returncode:
+                error = _failure([], job.log, _gave_up(job))
+            if error is not None and job.max_restarts:
+                error.add_note(f"(torchrun restarted the ranks {job.max_restarts} times, "
+                               "max_restarts; this is how the last attempt failed)")
+        if error is None:  # read before the folder goes with the job
+            saved = {p.name: p.read_bytes() for p in job.dir.glob("result*-1.pkl")}
+            restarts = job.dir / "restarts"
+            saved["restarts"] = int(restarts.read_text()) if restarts.exists() else 0
+            saved["port"] = port
     except BaseException as exc:  # KeyboardInterrupt, or a bug of ours
         _end(job.kill, exc)
         raise
@@ -134,10 +192,17 @@ def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0):
     if error is not None:
         error.port = port
         raise error
-    results = Results([None] * nproc)
-    results.port, results.backend = port, backend
-    results.wall_time = time.perf_counter() - started
-    return results
+    return saved
+
+
+def _gave_up(job):
+    """Why a job failed when no rank of its last attempt left a record."""
+    reason = f"torchrun exited with status {job.proc.returncode} and no rank reported an error"
+    if job.max_restarts:
+        reason += (f" in its last attempt (the ranks were started {job.max_restarts + 1} times, "
+                   f"max_restarts={job.max_restarts}; a rank ended by a signal, SIGKILL or "
+                   "out of memory, leaves no record: look for 'Signal' and 'exitcode' below)")
+    return reason
 
 
 def shutdown():
@@ -173,7 +238,7 @@ def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
         outcome = job.pump(started + timeout, on_marker)
         port = job.port
         if outcome == "done":
-            results = _results(job, nproc, number)
+            results = _results(lambda name: (job.dir / name).read_bytes(), nproc, number)
         elif outcome == "timeout":
             error = _timeout_error(timeout, nproc, job.stacks(), job.log, shipped())
         else:
@@ -207,11 +272,11 @@ def _end(kill, error):
         error.add_note(f"(while cleaning up after this, another error: {exc!r})")
 
 
-def _results(job, nproc, number):
+def _results(read, nproc, number):
+    """The ranks' values of call ``number``; ``read(file name)`` gives a file's bytes."""
     results, exports = Results(), []
     for rank in range(nproc):
-        path = job.dir / f"result{rank}-{number}.pkl"
-        value, trace_export = cloudpickle.loads(path.read_bytes())
+        value, trace_export = cloudpickle.loads(read(f"result{rank}-{number}.pkl"))
         results.append(value)
         if trace_export is not None:
             exports.append(trace_export)
@@ -232,6 +297,8 @@ def _errors(job, nproc):
             continue
         except ValueError:  # cut short: its rank was ended while writing it (the rank
             continue        # that failed first, whose record is whole, names the cause)
+    # a job that restarts fails in its last attempt: an earlier attempt's record is history
+    errors = [e for e in errors if e.get("attempt", 0) == job.max_restarts]
     return _failure(errors, job.log) if errors else None
 
 

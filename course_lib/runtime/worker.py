@@ -20,6 +20,12 @@ Serving, call by call:
 A rank whose call raises writes ``error{rank}.json`` with the traceback and
 exits: torchrun ends the other ranks (one may be stuck in a collective that
 will never complete), and the notebook starts a fresh job next time.
+
+``mode: once`` (a call with ``max_restarts``): no serving; the rank joins the group,
+runs the one function, writes ``result{rank}-1.pkl`` and exits. When a rank fails,
+torchrun ends them all and starts every rank afresh, with
+``TORCHELASTIC_RESTART_COUNT`` one higher, until the function returns on every rank
+of one attempt or the restarts run out; each record says which attempt wrote it.
 """
 from __future__ import annotations
 
@@ -181,6 +187,40 @@ def _run_call(job, task, rank):
     return to_cpu(result), trace.finish()
 
 
+def attempt():
+    """How many times torchrun has restarted this job's ranks (0 on the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _write_whole(path, data):
+    """``data`` to ``path`` under a temporary name, then renamed: a rank ended halfway
+    (torchrun ends the others as soon as one fails) never leaves half a file."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def _run_once(job, spec, rank):
+    """One function, one attempt: join the group, run it, write the result, leave."""
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.runtime.backend import current_device, init_distributed
+
+    backend = init_distributed(spec["backend"], timeout_s=spec["timeout"] + 60)
+    if backend == "nccl":
+        torch.set_default_device(current_device())
+    # call 1, as a warm rank's first: the trace's opening barrier is NCCL-rule call 0
+    value, exported = _run_call(job, {"id": 1, "mode": "fn"}, rank)
+    _write_whole(job / f"result{rank}-1.pkl", cloudpickle.dumps((value, exported)))
+    if dist.is_initialized():  # (the function may have ended the group itself)
+        # rank 0 hosts this attempt's store (job.py): nobody leaves while a peer may
+        # still need it
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _check_destroy_order(store, number, rank):
     """NCCL's rule 5 (:mod:`course_lib.runtime.nccl_rules`): the ranks destroyed the
     groups they share in one order, in this call and the clean-up after it."""
@@ -258,6 +298,7 @@ def main(job_dir=None):
                      daemon=True).start()
     if rank == 0:  # the port torchrun's rendezvous store bound (it chose it: port 0)
         (job / "port").write_text(os.environ.get("MASTER_PORT", ""))
+        _write_whole(job / "restarts", str(attempt()).encode())
     code = 0
     try:
         if spec.get("nccl_rules"):
@@ -266,6 +307,8 @@ def main(job_dir=None):
             nccl_rules.install()
         if spec["mode"] == "script":
             _run_script(job)
+        elif spec["mode"] == "once":
+            _run_once(job, spec, rank)
         else:
             _serve(job, spec, rank)
     except SystemExit as exc:
@@ -290,12 +333,8 @@ def _report(job, rank, exc):
     # formatting a long traceback must not make the first failure look like a later one
     failed_at = time.time()
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
-              "traceback": _user_traceback(exc), "time": failed_at}
-    # under a temporary name, then renamed: torchrun ends the other ranks as soon as one
-    # fails, and a rank ended halfway through its write must not leave half a record
-    partial = job / f"error{rank}.json.tmp"
-    partial.write_text(json.dumps(record))
-    os.replace(partial, job / f"error{rank}.json")
+              "traceback": _user_traceback(exc), "time": failed_at, "attempt": attempt()}
+    _write_whole(job / f"error{rank}.json", json.dumps(record).encode())
     # The full traceback travels in the LaunchError; one line here keeps the
     # cell readable when the other ranks fail as a consequence.
     print(f"failed with {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)

@@ -49,7 +49,9 @@ def column_shard(full, rank, t, parts=1):
     out = full.shape[0]
     check_divides(out, parts * t, "out_features" if parts == 1 else f"out_features / {parts}")
     blocks = full.reshape(parts, t, out // (parts * t), *full.shape[1:])
-    return blocks[:, rank].reshape(out // t, *full.shape[1:]).clone()
+    # one copy (reshape-then-clone copies twice when parts > 1): the slice is all it allocates
+    return blocks[:, rank].clone(memory_format=torch.contiguous_format).view(out // t,
+                                                                            *full.shape[1:])
 
 
 def row_shard(weight, rank, t):

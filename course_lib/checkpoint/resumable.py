@@ -1,0 +1,106 @@
+"""A training run that survives a killed rank (Lab 08): FSDP, AdamW, dropout drawn from
+every rank's own generator, shuffled data, a checkpoint every few steps, and torchrun
+bringing every rank back after a failure (``run(..., max_restarts=N)``).
+
+``train`` is the same function for the uninterrupted run and the interrupted one; the
+interrupted one is told which rank dies at which step of its first attempt::
+
+    clean = run(train, root_a, 12, save_every=4, nproc=2)
+    hit = run(train, root_b, 12, save_every=4, kill=(1, 6), nproc=2, max_restarts=1)
+    hit[0]["losses"] == clean[0]["losses"]        # bit for bit (what the lab checks)
+
+What each attempt does: seed this rank's generator (seed + rank), build the model, then
+:func:`~course_lib.checkpoint.resume.resume_latest`, which finds the newest committed
+checkpoint and overwrites the parameters, Adam's state, the generators and the data
+position with what was saved; then train from the step saved. A rank told to die
+writes the time to ``killed_at`` and sends itself SIGKILL: no clean-up, no message,
+as a lost node would.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course_lib.checkpoint.resume import DataCursor, resume_latest, training_state
+from course_lib.checkpoint.save import save
+
+KILLED_AT = "killed_at"  # the time the victim died: the clock for the time to resume
+
+
+def add_dropout(model, p):
+    """Dropout on the residual stream entering each block, so that every step draws from
+    the rank's generator (the GPT of the course has none of its own)."""
+    for block in model.blocks:
+        block.register_forward_pre_hook(
+            lambda module, args: (F.dropout(args[0], p, training=module.training),))
+    return model
+
+
+def _setup(cfg, seed, dropout, lr, batch, group):
+    from course_lib.data import char_corpus
+    from course_lib.fsdp import FSDP, by_type
+    from course_lib.models import GPT, Block
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    model = FSDP(add_dropout(GPT(cfg, seed=seed), dropout), units=by_type(Block),
+                 group=group)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    inputs, targets, _ = char_corpus(cfg.seq_len)
+    cursor = DataCursor(inputs, targets, batch, rank, world, seed=seed)
+    return model, optimizer, cursor
+
+
+def _one_step(model, optimizer, cursor, vocab, group):
+    x, y = cursor.next()
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+    loss.backward()
+    optimizer.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean, group=group)  # every rank reports the same number
+    return (mean / dist.get_world_size(group)).item()
+
+
+def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, lr=3e-3,
+          batch=4, group=None):
+    """Train to ``steps`` steps, saving under ``root`` after every ``save_every``th, and
+    resume from the newest checkpoint there first. ``kill=(rank, step)``: in the first
+    attempt, that rank dies in the middle of that step (after its forward). Returns
+    ``{"losses": every step's mean loss, from step 0, "attempt": this attempt's number,
+    "resumed_from": the step it started at, "resumed_after_s": seconds from the kill to
+    the end of the first step this attempt ran (None if it did not resume from a kill)}``.
+    """
+    from course_lib.pipeline.runs import corpus_config
+
+    cfg = cfg or corpus_config(layers=2, dim=32, heads=2, seq_len=16)
+    root = Path(root)
+    rank, attempt = dist.get_rank(group), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    torch.manual_seed(seed + rank)  # each rank's own stream of dropout masks
+    model, optimizer, cursor = _setup(cfg, seed, dropout, lr, batch, group)
+    progress = {"losses": []}
+    start = resume_latest(root, model, optimizer, cursor, group, extra=progress)
+    losses, resumed_after = list(progress["losses"]), None
+    for step in range(start, steps):
+        if kill is not None and attempt == 0 and (rank, step) == tuple(kill):
+            x, _ = cursor.next()
+            model(x)  # mid-step: activations made, nothing saved since the last checkpoint
+            (root / KILLED_AT).write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        losses.append(_one_step(model, optimizer, cursor, cfg.vocab, group))
+        if resumed_after is None and step == start and (root / KILLED_AT).exists():
+            resumed_after = time.time() - float((root / KILLED_AT).read_text())
+        if (step + 1) % save_every == 0:
+            state = training_state(model, optimizer, cursor, step + 1, group,
+                                   extra={"losses": losses})
+            save(state, root / f"step_{step + 1:06d}", group)
+    return {"losses": losses, "attempt": attempt, "resumed_from": start,
+            "resumed_after_s": resumed_after}
+
+
+__all__ = ["train", "add_dropout", "KILLED_AT"]
