@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_lib.checkpoint.resume import DataCursor, resume_latest, training_state
+from course_lib.checkpoint.resume import (DataCursor, restore_training_state, resume_latest,
+                                          training_state)
 from course_lib.checkpoint.save import save
 
 KILLED_AT = "killed_at"  # the time the victim died: the clock for the time to resume
@@ -42,7 +43,9 @@ def add_dropout(model, p):
     return model
 
 
-def _setup(cfg, seed, dropout, lr, batch, group):
+def setup(cfg, seed=0, dropout=0.1, lr=3e-3, batch=4, group=None):
+    """(model, optimizer, cursor) of a fresh start: the GPT under our FSDP with dropout,
+    AdamW, and this rank's cursor over the course corpus."""
     from course_lib.data import char_corpus
     from course_lib.fsdp import FSDP, by_type
     from course_lib.models import GPT, Block
@@ -56,7 +59,8 @@ def _setup(cfg, seed, dropout, lr, batch, group):
     return model, optimizer, cursor
 
 
-def _one_step(model, optimizer, cursor, vocab, group):
+def one_step(model, optimizer, cursor, vocab, group=None):
+    """One training step on this rank's next batch; the loss averaged over the ranks."""
     x, y = cursor.next()
     optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
@@ -68,13 +72,16 @@ def _one_step(model, optimizer, cursor, vocab, group):
 
 
 def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, lr=3e-3,
-          batch=4, group=None):
+          batch=4, group=None, capture=training_state, restore=restore_training_state):
     """Train to ``steps`` steps, saving under ``root`` after every ``save_every``th, and
     resume from the newest checkpoint there first. ``kill=(rank, step)``: in the first
     attempt, that rank dies in the middle of that step (after its forward). Returns
     ``{"losses": every step's mean loss, from step 0, "attempt": this attempt's number,
     "resumed_from": the step it started at, "resumed_after_s": seconds from the kill to
     the end of the first step this attempt ran (None if it did not resume from a kill)}``.
+    ``capture`` and ``restore``: what is saved and put back (Exercise 8.5's, or the
+    library's :func:`~course_lib.checkpoint.resume.training_state` and
+    :func:`~course_lib.checkpoint.resume.restore_training_state`).
     """
     from course_lib.pipeline.runs import corpus_config
 
@@ -82,9 +89,9 @@ def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, l
     root = Path(root)
     rank, attempt = dist.get_rank(group), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     torch.manual_seed(seed + rank)  # each rank's own stream of dropout masks
-    model, optimizer, cursor = _setup(cfg, seed, dropout, lr, batch, group)
+    model, optimizer, cursor = setup(cfg, seed, dropout, lr, batch, group)
     progress = {"losses": []}
-    start = resume_latest(root, model, optimizer, cursor, group, extra=progress)
+    start = resume_latest(root, model, optimizer, cursor, group, progress, capture, restore)
     losses, resumed_after = list(progress["losses"]), None
     for step in range(start, steps):
         if kill is not None and attempt == 0 and (rank, step) == tuple(kill):
@@ -92,15 +99,15 @@ def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, l
             model(x)  # mid-step: activations made, nothing saved since the last checkpoint
             (root / KILLED_AT).write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
-        losses.append(_one_step(model, optimizer, cursor, cfg.vocab, group))
+        losses.append(one_step(model, optimizer, cursor, cfg.vocab, group))
         if resumed_after is None and step == start and (root / KILLED_AT).exists():
             resumed_after = time.time() - float((root / KILLED_AT).read_text())
         if (step + 1) % save_every == 0:
-            state = training_state(model, optimizer, cursor, step + 1, group,
-                                   extra={"losses": losses})
+            state = capture(model, optimizer, cursor, step + 1, group)
+            state["losses"] = losses
             save(state, root / f"step_{step + 1:06d}", group)
     return {"losses": losses, "attempt": attempt, "resumed_from": start,
             "resumed_after_s": resumed_after}
 
 
-__all__ = ["train", "add_dropout", "KILLED_AT"]
+__all__ = ["train", "setup", "one_step", "add_dropout", "KILLED_AT"]

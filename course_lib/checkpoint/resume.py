@@ -13,11 +13,12 @@ it first matters:
 - rank 0's generator saved for everyone: every rank draws rank 0's masks;
 - no data position: the resumed run reads the epoch from its start again.
 
-``training_state`` gathers all of it into one state for
+:func:`training_state` gathers all of it into one state for
 :func:`~course_lib.checkpoint.save` (the model and optimizer through
 :func:`~course_lib.checkpoint.state.state_of`; a rank's generator state as row ``r``
 of a ``(world, n)`` :class:`~course_lib.checkpoint.boxes.ShardedTensor`; the data
-position and the step as plain values) and ``resume_latest`` puts it all back::
+position and the step as plain values), :func:`restore_training_state` puts back what a
+load cannot fill in place, and :func:`resume_latest` does the whole resume::
 
     cursor = DataCursor(inputs, targets, batch=8, rank=r, world=n, seed=0)
     step = resume_latest(root, model, opt, cursor, group)          # 0 if none yet
@@ -97,23 +98,33 @@ def set_rng(entries):
         torch.cuda.set_rng_state(entries["rng.cuda"].local[0].clone())
 
 
-def training_state(model, optimizer, cursor, step, group=None, extra=None):
+def training_state(model, optimizer, cursor, step, group=None):
     """Everything step ``step`` (the next one to run) depends on, ready for ``save``:
     model and optimizer under the dense names, every rank's generators, the data
-    position, the step; ``extra`` adds plain values (the losses so far, say)."""
+    position, the step."""
     state = state_of(model, optimizer)
     state.update(rng_entries(group))
     state.update(cursor.position())
     state["step"] = int(step)
-    state.update(extra or {})
     return state
 
 
-def resume_latest(root, model, optimizer, cursor, group=None, extra=None):
+def restore_training_state(state, cursor):
+    """After ``load`` filled ``state`` (the model and the optimizer in place): what is not
+    a view of a live tensor goes back by hand. Returns the step to run next."""
+    set_rng(state)
+    cursor.seek(state)
+    return state["step"]
+
+
+def resume_latest(root, model, optimizer, cursor, group=None, extra=None,
+                  capture=training_state, restore=restore_training_state):
     """Load the newest committed checkpoint under ``root`` into the model, the optimizer,
     this rank's generators and ``cursor``; return the step to run next (0 and nothing
-    touched if there is none). ``extra`` (a dict of plain values) is updated with the
-    saved ones."""
+    touched if there is none). ``extra`` (a dict of plain values saved beside, the
+    losses so far say) is updated with the saved ones. ``capture`` and ``restore`` are
+    :func:`training_state` and :func:`restore_training_state` unless given (Lab 08's
+    Exercise 8.5 hands its own)."""
     from course_lib.checkpoint.load import load
     from course_lib.checkpoint.save import latest
 
@@ -121,14 +132,14 @@ def resume_latest(root, model, optimizer, cursor, group=None, extra=None):
     if path is None:
         return 0
     ensure_optimizer_state(model, optimizer)
-    state = training_state(model, optimizer, cursor, 0, group, extra)
+    state = capture(model, optimizer, cursor, 0, group)
+    state.update(extra or {})
     load(state, path, group)
     set_optimizer_step(state, optimizer)
-    set_rng(state)
-    cursor.seek(state)
     if extra is not None:
         extra.update({k: state[k] for k in extra})
-    return state["step"]
+    return restore(state, cursor)
 
 
-__all__ = ["DataCursor", "rng_entries", "set_rng", "training_state", "resume_latest"]
+__all__ = ["DataCursor", "rng_entries", "set_rng", "training_state", "restore_training_state",
+           "resume_latest"]

@@ -101,6 +101,7 @@ def wait_for_left_neighbour():
 
 
 def test_deadlock_ends_in_timeout_with_every_stack():
+    run(int, nproc=3)  # start the job first: the short timeout is for the hang alone
     started = time.perf_counter()
     with pytest.raises(LaunchTimeout) as info:
         run(wait_for_left_neighbour, nproc=3, timeout=8)
@@ -442,6 +443,7 @@ def test_launches_in_a_row_free_their_ports(monkeypatch):
 
 @pytest.mark.slow
 def test_rendezvous_port_is_free_after_failure_and_timeout():
+    run(int, nproc=2)  # start the job first: the short timeout is for the hang alone
     with pytest.raises(LaunchTimeout) as info:
         run(wait_for_left_neighbour, nproc=2, timeout=5)
     assert info.value.port and port_is_free(info.value.port)

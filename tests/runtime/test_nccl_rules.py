@@ -158,6 +158,7 @@ def one_rank_skips_the_barrier():
 
 
 def test_a_rank_missing_from_a_collective_hangs_and_is_diagnosed():
+    run_under_rules(int)  # start the job first: the short timeout is for the hang alone
     with pytest.raises(LaunchError) as info:
         run_under_rules(one_rank_skips_the_barrier, timeout=8)
     assert info.value.diagnosis.kind == "missing-from-collective"
