@@ -32,6 +32,7 @@ from course_lib.checkpoint.resume import (DataCursor, restore_training_state, re
 from course_lib.checkpoint.save import save
 
 KILLED_AT = "killed_at"  # the time the victim died: the clock for the time to resume
+STEP_LOG = "steps.log"  # rank 0's steps, every attempt's: what the lab's timeline draws
 
 
 def add_dropout(model, p):
@@ -87,6 +88,7 @@ def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, l
 
     cfg = cfg or corpus_config(layers=2, dim=32, heads=2, seq_len=16)
     root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
     rank, attempt = dist.get_rank(group), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     torch.manual_seed(seed + rank)  # each rank's own stream of dropout masks
     model, optimizer, cursor = setup(cfg, seed, dropout, lr, batch, group)
@@ -94,12 +96,16 @@ def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, l
     start = resume_latest(root, model, optimizer, cursor, group, progress, capture, restore)
     losses, resumed_after = list(progress["losses"]), None
     for step in range(start, steps):
+        began = time.time()
         if kill is not None and attempt == 0 and (rank, step) == tuple(kill):
             x, _ = cursor.next()
             model(x)  # mid-step: activations made, nothing saved since the last checkpoint
             (root / KILLED_AT).write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         losses.append(one_step(model, optimizer, cursor, cfg.vocab, group))
+        if rank == 0:
+            with open(root / STEP_LOG, "a") as log:
+                log.write(f"{attempt} {step} {began!r} {time.time()!r}\n")
         if resumed_after is None and step == start and (root / KILLED_AT).exists():
             resumed_after = time.time() - float((root / KILLED_AT).read_text())
         if (step + 1) % save_every == 0:
@@ -110,4 +116,19 @@ def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, l
             "resumed_after_s": resumed_after}
 
 
-__all__ = ["train", "setup", "one_step", "add_dropout", "KILLED_AT"]
+def step_log(root):
+    """Rank 0's steps under ``root``, every attempt's, in order: [{"attempt", "step",
+    "start", "end"}] (wall-clock seconds), and the time the victim died (None if none)."""
+    root = Path(root)
+    rows = []
+    if (root / STEP_LOG).exists():
+        for line in (root / STEP_LOG).read_text().split("\n"):
+            if line:
+                attempt, step, start, end = line.split()
+                rows.append({"attempt": int(attempt), "step": int(step), "start": float(start),
+                             "end": float(end)})
+    killed = float((root / KILLED_AT).read_text()) if (root / KILLED_AT).exists() else None
+    return rows, killed
+
+
+__all__ = ["train", "setup", "one_step", "add_dropout", "step_log", "KILLED_AT"]

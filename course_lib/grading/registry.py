@@ -97,4 +97,18 @@ REFERENCES = {
                      "course_lib.ep.moe:kept_assignments"),
     "Prediction 7.1": ("course_lib.cp.traffic:layer_bytes_sent",),
     "Prediction 7.2": ("course_lib.cp.memory:activation_bytes",),
+    # Lab 08: the geometry under a sharded checkpoint, and its helpers
+    "Exercise 8.1": ("course_lib.checkpoint.boxes:boxes_of_flat_range",
+                     "course_lib.checkpoint.boxes:_boxes"),
+    "Exercise 8.2": ("course_lib.checkpoint.boxes:overlap",
+                     "course_lib.checkpoint.boxes:byte_ranges",
+                     "course_lib.checkpoint.boxes:_lines"),
+    # the library's capture and restore, and the helpers that are most of them
+    "Exercise 8.5": ("course_lib.checkpoint.resume:training_state",
+                     "course_lib.checkpoint.resume:restore_training_state",
+                     "course_lib.checkpoint.resume:rng_entries",
+                     "course_lib.checkpoint.resume:set_rng"),
+    # model_state_bytes(P, n, 3, mixed=False): its "params" + "optimizer" are the answer
+    "Prediction 8.1": ("course_lib.memory.estimate:model_state_bytes",),
+    "Prediction 8.2": ("course_lib.checkpoint.goodput:young_interval",),
 }

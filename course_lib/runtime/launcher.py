@@ -24,6 +24,8 @@ waited for before the call returns; the next call starts a fresh job.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import time
 from pathlib import Path
 
@@ -299,7 +301,30 @@ def _errors(job, nproc):
             continue        # that failed first, whose record is whole, names the cause)
     # a job that restarts fails in its last attempt: an earlier attempt's record is history
     errors = [e for e in errors if e.get("attempt", 0) == job.max_restarts]
+    killed = _killed_rank(job.log)
+    if killed is not None and killed["rank"] not in {e["rank"] for e in errors}:
+        errors.append(killed)  # the cause; the others' records are what it did to them
     return _failure(errors, job.log) if errors else None
+
+
+def _killed_rank(log):
+    """The record of the rank torchrun names as the first failure when a signal ended it
+    (SIGKILL, the out-of-memory killer): such a rank writes no record of its own. None
+    if torchrun's summary names no such rank."""
+    text = "".join(log)
+    at = text.rfind("Root Cause (first observed failure)")
+    found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-\d+)", text[at:], re.S) if at >= 0 else None
+    if found is None:
+        return None
+    rank, code = int(found.group(1)), -int(found.group(2))
+    try:
+        name = signal.Signals(code).name
+    except ValueError:
+        name = f"signal {code}"
+    return {"rank": rank, "type": name, "time": 0.0, "traceback": "",
+            "message": f"the process was ended by {name} (signal {code}), so it left no "
+                       "traceback: killed by hand, by the out-of-memory killer, or by a "
+                       "failing node"}
 
 
 def _timeout_error(timeout, nproc, stacks, log, shipped=None):
@@ -319,8 +344,9 @@ def _failure(errors, log, reason=None):
     if errors:
         first = errors[0]
         others = [e["rank"] for e in errors[1:]]
-        msg = (f"rank {first['rank']} failed with {first['type']}: {first['message']}\n"
-               f"\nTraceback of rank {first['rank']}:\n{first['traceback']}")
+        msg = f"rank {first['rank']} failed with {first['type']}: {first['message']}\n"
+        if first["traceback"]:
+            msg += f"\nTraceback of rank {first['rank']}:\n{first['traceback']}"
         if others:
             msg += f"\n(ranks {others} failed after it, probably as a consequence)"
         return LaunchError(msg, ranks=sorted(e["rank"] for e in errors), errors=errors,

@@ -5,7 +5,7 @@ import torch
 from conftest import ship_by_value
 from course_lib import run
 from course_lib.checkpoint import DataCursor
-from course_lib.checkpoint.resumable import KILLED_AT, train
+from course_lib.checkpoint.resumable import KILLED_AT, step_log, train
 
 ship_by_value(__name__)
 
@@ -51,3 +51,10 @@ def test_a_killed_rank_resumes_to_the_same_losses_bit_for_bit(tmp_path):
     assert len(losses) == 9 and len(set(losses)) > 1
     for result in hit:
         assert result["losses"] == losses  # floats compared exactly
+    steps, killed = step_log(tmp_path / "hit")
+    # attempt 0 completed steps 0-6 (rank 2 died inside step 7, whose backward rank 0 could
+    # then never finish); the last checkpoint holds 6 steps, so attempt 1 ran steps 6-8:
+    # step 6 was done twice, the work the failure cost
+    assert [(s["attempt"], s["step"]) for s in steps] == [(0, i) for i in range(7)] + [
+        (1, i) for i in range(6, 9)]
+    assert steps[6]["end"] <= killed <= steps[7]["start"]

@@ -15,6 +15,7 @@ from course_lib.grading.lab04 import predictions as lab04
 from course_lib.grading.lab05 import predictions as lab05
 from course_lib.grading.lab06 import predictions as lab06
 from course_lib.grading.lab07 import predictions as lab07
+from course_lib.grading.lab08 import predictions as lab08
 from course_lib.grading.predictions import grade_numbers, predicted_numbers
 
 
@@ -92,6 +93,9 @@ PREDICTIONS = [
      lab07.TRAFFIC_WRONG),
     ("7.2", lab07.check_activation_prediction,
      lambda b, s, h, heads, cp: 4 * (6 * b * s * h + b * heads * s) / cp, lab07.MEMORY_WRONG),
+    ("8.1", lab08.check_bytes_prediction, lambda p, n: 12 * p / n, lab08.BYTES_WRONG),
+    ("8.2", lab08.check_interval_prediction, lambda c, m: (2 * c * m) ** 0.5,
+     lab08.INTERVAL_WRONG),
 ]
 
 
@@ -159,3 +163,26 @@ def test_the_library_s_model_state_formula_in_a_prediction_is_refused(monkeypatc
 
     with pytest.raises(checks.CheckFailed, match="Prediction 6.2: .*model_state_bytes"):
         lab06.check_state_bytes_prediction(predicted)
+
+
+def test_a_checkpoint_size_that_counts_the_step_on_rank_0_passes(capsys):
+    """Adam's step count, 4 bytes (or 8) that rank 0 writes once, is within the tolerance
+    of every setting: counting it is not a mistake."""
+    lab08.check_bytes_prediction(lambda p, n: 12 * p / n + 8)
+    assert "✓ Prediction 8.1 passed" in capsys.readouterr().out
+
+
+def test_the_library_s_interval_and_state_formulas_in_a_prediction_are_refused(monkeypatch):
+    from course_lib.checkpoint.goodput import young_interval
+    from course_lib.memory.estimate import model_state_bytes
+
+    monkeypatch.setattr(checks, "_reference_guard", True)
+    with pytest.raises(checks.CheckFailed, match="Prediction 8.2: .*young_interval"):
+        lab08.check_interval_prediction(young_interval)
+
+    def predicted(p, n):  # the answer, by way of Lab 03's estimator in fp32
+        state = model_state_bytes(p, n, 3, mixed=False)
+        return state["params"] + state["optimizer"]
+
+    with pytest.raises(checks.CheckFailed, match="Prediction 8.1: .*model_state_bytes"):
+        lab08.check_bytes_prediction(predicted)
