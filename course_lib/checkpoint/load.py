@@ -32,10 +32,11 @@ def _wanted(value):
     return [(s.local, s.box) for s in shards], shapes.pop() if shapes else None
 
 
-def load(state, path, group=None):
+def load(state, path, group=None, fill=None):
     """Fill ``state``'s tensors and ShardedTensors in place and set its plain values
     from the checkpoint at ``path``; returns the bytes this rank read. ``group`` is
-    accepted for symmetry with save: a load needs no communication."""
+    accepted for symmetry with save: a load needs no communication. ``fill`` fills one
+    box from the saved pieces (:func:`fill_box` unless given: Lab 08's Exercise 8.4)."""
     path = Path(path)
     index = read_index(path)
     read = 0
@@ -43,7 +44,7 @@ def load(state, path, group=None):
         if isinstance(value, (torch.Tensor, ShardedTensor)) or (
                 isinstance(value, (list, tuple)) and value
                 and all(isinstance(v, ShardedTensor) for v in value)):
-            read += _load_tensor(path, index, name, value)
+            read += _load_tensor(path, index, name, value, fill or fill_box)
         elif name in index["values"]:
             state[name] = index["values"][name]
         else:
@@ -52,7 +53,7 @@ def load(state, path, group=None):
     return read
 
 
-def _load_tensor(path, index, name, value):
+def _load_tensor(path, index, name, value, fill):
     entry = index["tensors"].get(name)
     if entry is None:
         raise CheckpointError(f"{path} holds no tensor {name!r} (it has "
@@ -67,26 +68,39 @@ def _load_tensor(path, index, name, value):
         if destination.dtype != dtype:
             raise CheckpointError(f"{path}: {name!r} was saved as {dtype}, the state holds "
                                   f"{destination.dtype}")
-        filled = 0
-        for piece in entry["pieces"]:
-            stored = (tuple(piece["offsets"]), tuple(piece["sizes"]))
-            common = overlap(stored, box)
-            if common is None:
-                continue
-            where = tuple(slice(o - b, o - b + z) for o, b, z in zip(common[0], box[0],
-                                                                      common[1]))
-            target = destination[where]
-            direct = target.is_contiguous() and target.device.type == "cpu"
-            with torch.no_grad():
-                block = _read(path / piece["file"], piece["byte_offset"], stored, common,
-                              dtype, out=target if direct else None)
-                if not direct:
-                    target.copy_(block)
-            read += block.numel() * block.element_size()
-            filled += block.numel()
-        if filled != math.prod(box[1]):
-            raise CheckpointError(f"{path}: the saved pieces of {name!r} cover {filled} of the "
-                                  f"{math.prod(box[1])} elements of box {box}")
+        try:
+            read += fill(path, entry, destination, box)
+        except CheckpointError as exc:  # say which tensor
+            raise CheckpointError(f"{exc} (tensor {name!r})") from None
+    return read
+
+
+def fill_box(path, entry, destination, box):
+    """Fill ``destination`` (this rank's tensor of the box ``box`` = (offsets, sizes) of
+    a global tensor) from the saved pieces of that tensor, ``entry`` being its index
+    entry (``shape``, ``dtype``, ``pieces``: each with ``file``, ``byte_offset``,
+    ``offsets``, ``sizes``): for every piece, the overlap with the box, read as byte runs
+    of the piece's row-major array in its file. Returns the bytes read."""
+    dtype = getattr(torch, entry["dtype"])
+    read = filled = 0
+    for piece in entry["pieces"]:
+        stored = (tuple(piece["offsets"]), tuple(piece["sizes"]))
+        common = overlap(stored, box)
+        if common is None:
+            continue
+        where = tuple(slice(o - b, o - b + z) for o, b, z in zip(common[0], box[0], common[1]))
+        target = destination[where]
+        direct = target.is_contiguous() and target.device.type == "cpu"
+        with torch.no_grad():
+            block = _read(path / piece["file"], piece["byte_offset"], stored, common, dtype,
+                          out=target if direct else None)
+            if not direct:
+                target.copy_(block)
+        read += block.numel() * block.element_size()
+        filled += block.numel()
+    if filled != math.prod(box[1]):
+        raise CheckpointError(f"{path}: the saved pieces cover {filled} of the "
+                              f"{math.prod(box[1])} elements of box {box}")
     return read
 
 

@@ -28,9 +28,10 @@ def config():
     return corpus_config(layers=2, dim=24, heads=2, seq_len=8)
 
 
-def build(layout, cfg=None, lr=1e-2):
-    """(model, AdamW) of the GPT in ``layout`` over the world: "plain" (one process or
-    replicated), "fsdp" (a unit per block) or "tp" (every block's layers split)."""
+def build(layout, cfg=None, lr=1e-2, group=None):
+    """(model, AdamW) of the GPT in ``layout`` over ``group`` (the world by default):
+    "plain" (one process or replicated), "fsdp" (a unit per block) or "tp" (every
+    block's layers split)."""
     from course_lib.fsdp import FSDP, by_type
     from course_lib.models import GPT, Block
     from course_lib.tp import parallelize_block
@@ -40,10 +41,10 @@ def build(layout, cfg=None, lr=1e-2):
     cfg = cfg or config()
     model = GPT(cfg, seed=0)
     if layout == "fsdp":
-        model = FSDP(model, units=by_type(Block))
+        model = FSDP(model, units=by_type(Block), group=group)
     elif layout == "tp":
         for block in model.blocks:
-            parallelize_block(block, dist.group.WORLD)
+            parallelize_block(block, group or dist.group.WORLD)
     return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
@@ -100,13 +101,14 @@ def _pieces(value):
     return [v.local for v in value]
 
 
-def compare_with_dcp(root, layout="tp", load_fn=load):
-    """Fill ``layout``'s state from ``root/ours`` with ``load_fn`` (ours, or a student's)
-    and from ``root/dcp`` with DCP; every box starts as NaN. Returns {"boxes": {name:
-    count}, "differ": boxes that differ, "unfilled": boxes still NaN}."""
+def compare_with_dcp(root, layout="tp", load_fn=load, group=None):
+    """Fill ``layout``'s state (over ``group``) from ``root/ours`` with ``load_fn`` (ours,
+    or one with a student's ``fill``) and from ``root/dcp`` with DCP; every box starts as
+    NaN. Returns {"boxes": {name: count}, "differ": boxes that differ, "unfilled": boxes
+    still NaN, "read": what ``load_fn`` returned, "wanted": the bytes of this rank's boxes}."""
     from course_lib.checkpoint.dcp_reference import dcp_boxes, empty_like_state
 
-    model, optimizer = build(layout)
+    model, optimizer = build(layout, group=group)
     ensure_optimizer_state(model, optimizer)
     ours = state_of(model, optimizer)
     with torch.no_grad():
@@ -114,8 +116,8 @@ def compare_with_dcp(root, layout="tp", load_fn=load):
             for t in _pieces(value):
                 t.fill_(float("nan"))
     theirs = empty_like_state(ours)
-    load_fn(ours, root / "ours")
-    dcp_boxes(root / "dcp", theirs)
+    read = load_fn(ours, root / "ours")
+    dcp_boxes(root / "dcp", theirs, group)
     boxes, differ, unfilled = {}, [], []
     for name in ours:
         mine, reference = _pieces(ours[name]), _pieces(theirs[name])
@@ -125,7 +127,9 @@ def compare_with_dcp(root, layout="tp", load_fn=load):
                 unfilled.append(f"{name}[{i}]")
             elif not (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)):
                 differ.append(f"{name}[{i}]")
-    return {"boxes": boxes, "differ": differ, "unfilled": unfilled}
+    wanted = sum(t.numel() * t.element_size() for v in ours.values() for t in _pieces(v))
+    return {"boxes": boxes, "differ": differ, "unfilled": unfilled, "read": read,
+            "wanted": wanted}
 
 
 __all__ = ["LAYOUTS", "config", "build", "train_and_save", "continue_from", "compare_with_dcp"]
