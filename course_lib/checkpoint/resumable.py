@@ -62,7 +62,8 @@ def setup(cfg, seed=0, dropout=0.1, lr=3e-3, batch=4, group=None):
 
 def one_step(model, optimizer, cursor, vocab, group=None):
     """One training step on this rank's next batch; the loss averaged over the ranks."""
-    x, y = cursor.next()
+    device = next(model.parameters()).device  # the corpus lives on the CPU
+    x, y = (t.to(device) for t in cursor.next())
     optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
     loss.backward()
@@ -99,7 +100,7 @@ def train(root, steps, save_every=4, kill=None, cfg=None, seed=0, dropout=0.1, l
         began = time.time()
         if kill is not None and attempt == 0 and (rank, step) == tuple(kill):
             x, _ = cursor.next()
-            model(x)  # mid-step: activations made, nothing saved since the last checkpoint
+            model(x.to(next(model.parameters()).device))  # mid-step: activations made, nothing saved since the last checkpoint
             (root / KILLED_AT).write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         losses.append(one_step(model, optimizer, cursor, cfg.vocab, group))

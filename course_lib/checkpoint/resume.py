@@ -76,8 +76,12 @@ class DataCursor:
 
 def _generators():
     """{name: generator state} this rank draws from: the CPU's, and its GPU's if it has one."""
+    from course_lib.runtime.backend import current_device
+
     states = {"rng.cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # a GPU rank (NCCL) draws dropout on its GPU; decided by the rank's device, not by
+    # whether CUDA happens to be initialised yet, so a save and its resume agree
+    if current_device().type == "cuda":
         states["rng.cuda"] = torch.cuda.get_rng_state()
     return states
 

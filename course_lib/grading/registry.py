@@ -103,11 +103,20 @@ REFERENCES = {
     "Exercise 8.2": ("course_lib.checkpoint.boxes:overlap",
                      "course_lib.checkpoint.boxes:byte_ranges",
                      "course_lib.checkpoint.boxes:_lines"),
+    # the library's save, and its asynchronous one (the same pieces in the same order)
+    "Exercise 8.3": ("course_lib.checkpoint.save:save",
+                     "course_lib.checkpoint.async_save:AsyncCheckpointer"),
+    # the library's box filler and the load around it, and DCP, the check's reference
+    "Exercise 8.4": ("course_lib.checkpoint.load:fill_box", "course_lib.checkpoint.load:_read",
+                     "course_lib.checkpoint.load:_load_tensor",
+                     "course_lib.checkpoint.dcp_reference:dcp_boxes",
+                     "torch.distributed.checkpoint.state_dict_loader:load"),
     # the library's capture and restore, and the helpers that are most of them
     "Exercise 8.5": ("course_lib.checkpoint.resume:training_state",
                      "course_lib.checkpoint.resume:restore_training_state",
                      "course_lib.checkpoint.resume:rng_entries",
                      "course_lib.checkpoint.resume:set_rng"),
+    "Exercise 8.6": ("course_lib.checkpoint.pipeline:latest_complete",),
     # model_state_bytes(P, n, 3, mixed=False): its "params" + "optimizer" are the answer
     "Prediction 8.1": ("course_lib.memory.estimate:model_state_bytes",),
     "Prediction 8.2": ("course_lib.checkpoint.goodput:young_interval",),

@@ -301,42 +301,53 @@ def _errors(job, nproc):
             continue        # that failed first, whose record is whole, names the cause)
     # a job that restarts fails in its last attempt: an earlier attempt's record is history
     errors = [e for e in errors if e.get("attempt", 0) == job.max_restarts]
-    killed = _killed_rank(job.log)
-    if killed is not None and killed["rank"] not in {e["rank"] for e in errors}:
-        errors.append(killed)  # the cause; the others' records are what it did to them
+    recorded = {e["rank"] for e in errors}
+    signals = _signalled_ranks(job.log)
+    for rank in range(nproc):  # the cause, when a rank died with no word of its own
+        if rank not in recorded and _ended_silently(job, rank):
+            errors.append(_silent_death(rank, signals.get(rank)))
     return _failure(errors, job.log) if errors else None
 
 
-def _killed_rank(log):
-    """The record of the rank torchrun names as the first failure when a signal ended it
-    (SIGKILL, the out-of-memory killer): such a rank writes no record of its own. None
-    if torchrun's summary names no such rank."""
+def _ended_silently(job, rank):
+    """The rank left no record, no result, and was not ended by torchrun (its SIGTERM
+    mark, worker._mark_when_ended, is empty): it was killed or crashed."""
+    mark = job.dir / f"ended{rank}.txt"
+    try:
+        return mark.stat().st_size == 0 and not (job.dir / f"result{rank}-1.pkl").exists()
+    except FileNotFoundError:  # it never started (this attempt)
+        return False
+
+
+def _signalled_ranks(log):
+    """{rank: signal number} of the ranks torchrun's summary says a signal ended."""
     text = "".join(log)
     at = text.rfind("Root Cause (first observed failure)")
-    found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-\d+)", text[at:], re.S) if at >= 0 else None
-    if found is None:
-        return None
-    rank, code = int(found.group(1)), -int(found.group(2))
-    try:
-        name = signal.Signals(code).name
-    except ValueError:
-        name = f"signal {code}"
-    return {"rank": rank, "type": name, "time": 0.0, "traceback": "",
-            "message": f"the process was ended by {name} (signal {code}), so it left no "
-                       "traceback: killed by hand, by the out-of-memory killer, or by a "
-                       "failing node"}
+    found = re.finditer(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text[at:], re.S) \
+        if at >= 0 else ()
+    return {int(m.group(1)): -int(m.group(2)) for m in found if int(m.group(2)) < 0}
 
 
-def _timeout_error(timeout, nproc, stacks, log, shipped=None):
-    """A :class:`LaunchTimeout` whose message says where each rank was, trimmed to
-    the student's code, and what kind of hang that is (:func:`diagnose_hang`).
-    The untrimmed dumps stay in ``.stacks``, the analysis is ``.diagnosis``."""
-    diagnosis = diagnose_hang(stacks, nproc, shipped or Shipped())
-    message = (f"the job did not finish within timeout={timeout:g}s and was stopped.\n"
-               f"{diagnosis.explain()}")
-    error = LaunchTimeout(message, ranks=sorted(stacks), stacks=stacks, log="".join(log))
-    error.diagnosis = diagnosis
-    return error
+_WHY = {signal.SIGKILL: "killed (by hand, by the out-of-memory killer, or with its node)",
+        signal.SIGSEGV: "a crash in C code (a segmentation fault)",
+        signal.SIGBUS: "a crash in C code (a bus error)",
+        signal.SIGABRT: "an abort (a C++ exception that was not caught, or NCCL's watchdog)"}
+
+
+def _silent_death(rank, code):
+    """The record of a rank that died without writing one."""
+    if code is None:
+        name, how = "a signal", ("it ended leaving no traceback, and torchrun had not stopped "
+                                 "it: killed (SIGKILL, the out-of-memory killer) or crashed "
+                                 "in C code")
+    else:
+        try:
+            name = signal.Signals(code).name
+        except ValueError:
+            name = f"signal {code}"
+        how = (f"it was ended by {name} (signal {code}) and left no traceback: "
+               f"{_WHY.get(code, 'sent by another process')}")
+    return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how}
 
 
 def _failure(errors, log, reason=None):

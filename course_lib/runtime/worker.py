@@ -155,6 +155,18 @@ def _user_traceback(exc):
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _mark_when_ended(job, rank):
+    """Arm ``ended{rank}.txt``: torchrun ends the other ranks with SIGTERM once one has
+    failed, and this rank then writes its stack there from inside the signal handler (C,
+    so even in a blocking collective) before dying as SIGTERM would have it. A rank that
+    is gone with no record, no result and an empty mark died of something else (SIGKILL,
+    the out-of-memory killer, a crash in C code): that is the failure the launcher names."""
+    for stale in (job / f"ended{rank}.txt", job / f"result{rank}-1.pkl"):  # an earlier attempt's
+        stale.unlink(missing_ok=True)
+    mark = open(job / f"ended{rank}.txt", "w")
+    faulthandler.register(signal.SIGTERM, file=mark, all_threads=False, chain=True)
+
+
 def _run_script(job):
     script = json.loads((job / "payload.json").read_text())
     sys.argv = [script["path"], *script["argv"]]
@@ -293,6 +305,7 @@ def main(job_dir=None):
     # append mode: the notebook truncates the file before asking for a fresh dump
     stack_file = open(job / f"stack{rank}.txt", "a")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    _mark_when_ended(job, rank)
     (job / f"pid{rank}").write_text(str(os.getpid()))
     threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"], job, rank, forked),
                      daemon=True).start()

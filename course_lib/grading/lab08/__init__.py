@@ -5,23 +5,30 @@ student's process and judges each answer here: genuine, non-empty boxes inside t
 tensor, at most 3 (1 for a vector), whose elements, box by box in row-major order, are
 exactly start..start + length - 1 in order (so any equivalent decomposition passes).
 8.2 (the overlap of two boxes, and the byte runs a load reads): :mod:`.runs`.
+8.3 (an atomic sharded save: data, then the index, then the marker): :mod:`.atomic`.
+8.4 (a resharding load, against DCP's on the same state): :mod:`.loading`.
 8.5 (an exact resume: what to save besides the model, what to put back): :mod:`.resume`.
+8.6 (the newest step every pipeline stage committed): :mod:`.stages`.
 Predictions 8.1 and 8.2: :mod:`.predictions`.
 """
 from __future__ import annotations
 
 from course_lib.grading import checks
 from course_lib.grading.lab08 import references
+from course_lib.grading.lab08.atomic import check_atomic_save
 from course_lib.grading.lab08.predictions import (check_bytes_prediction,
                                                   check_interval_prediction)
+from course_lib.grading.lab08.loading import check_resharding_load
 from course_lib.grading.lab08.references import as_box, elements, spans
 from course_lib.grading.lab08.resume import check_exact_resume
 from course_lib.grading.lab08.runs import check_overlap_and_runs
+from course_lib.grading.lab08.stages import check_latest_complete
 from course_lib.grading.requests import call_each, here
 
 EX_FLAT = "Exercise 8.1"
 
-__all__ = ["check_flat_range_boxes", "check_overlap_and_runs", "check_exact_resume",
+__all__ = ["check_flat_range_boxes", "check_overlap_and_runs", "check_resharding_load",
+           "check_atomic_save", "check_exact_resume", "check_latest_complete",
            "check_bytes_prediction", "check_interval_prediction"]
 
 

@@ -14,12 +14,11 @@ says it read equal to the bytes of the boxes it filled.
 from __future__ import annotations
 
 import functools
-import shutil
 
 import torch.distributed as dist
 
 from course_lib.grading import checks
-from course_lib.grading.lab08.resume import _shared_folder
+from course_lib.grading.lab08.resume import _remove, _shared_folder
 from course_lib.grading.requests import on_ranks
 
 EX_LOAD = "Exercise 8.4"
@@ -33,20 +32,15 @@ def resharding_job(fill_box):
     from course_lib.checkpoint import load, reshard
 
     root, rank = _shared_folder(), dist.get_rank()
-    try:
-        reshard.train_and_save(root, after=0)
-        groups = {layout: dist.new_group(list(members)) for layout, members in LAYOUTS}
-        student_load = functools.partial(load, fill=fill_box)
-        out = {}
-        for layout, members in LAYOUTS:
-            if rank in members:
-                out[layout] = reshard.compare_with_dcp(root, layout, student_load,
-                                                       groups[layout])
-        return out
-    finally:
-        dist.barrier()
-        if rank == 0:
-            shutil.rmtree(root, ignore_errors=True)
+    reshard.train_and_save(root, after=0)
+    groups = {layout: dist.new_group(list(members)) for layout, members in LAYOUTS}
+    student_load = functools.partial(load, fill=fill_box)
+    out = {}
+    for layout, members in LAYOUTS:
+        if rank in members:
+            out[layout] = reshard.compare_with_dcp(root, layout, student_load, groups[layout])
+    _remove(root)
+    return out
 
 
 @checks.check(EX_LOAD)

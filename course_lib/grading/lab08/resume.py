@@ -31,10 +31,20 @@ __all__ = ["check_exact_resume", "resume_job"]
 
 
 def _shared_folder():
-    """A folder every rank of the job sees (rank 0 makes it, the others hear its name)."""
-    name = [tempfile.mkdtemp(prefix="lab08-resume-") if dist.get_rank() == 0 else None]
+    """A folder every rank of the job sees (rank 0 makes it, the others hear its name).
+    It lies in the job's temporary folder (the launcher's TMPDIR), which goes with the job."""
+    name = [tempfile.mkdtemp(prefix="lab08-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(name, group_src=0)
     return Path(name[0])
+
+
+def _remove(root):
+    """After every rank is done with ``root``. Only on success: a rank whose student code
+    raised must not wait in a barrier its peers, stuck in a collective, never reach (its
+    error would turn into a hang); the job's folder, and ``root`` in it, goes anyway."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _optimizer_tensors(optimizer):
@@ -56,34 +66,31 @@ def resume_job(training_state, restore_training_state):
 
     cfg = corpus_config(layers=1, dim=16, heads=2, seq_len=8)
     rank, root = dist.get_rank(), _shared_folder()
-    try:
-        torch.manual_seed(rank)  # every rank draws dropout masks of its own
-        model, optimizer, cursor = setup(cfg, batch=2)
-        clean = []
-        for step in range(STEPS):
-            clean.append(one_step(model, optimizer, cursor, cfg.vocab))
-            if step + 1 == SAVED_AT:
-                save(training_state(model, optimizer, cursor, SAVED_AT, None),
-                     root / f"step_{SAVED_AT:06d}")
-                at_save = {"rng": torch.get_rng_state(), "data": cursor.position(),
-                           "optim": _optimizer_tensors(optimizer),
-                           "model": [p.detach().clone() for p in model.parameters()]}
-        torch.manual_seed(1000 + rank)  # a restarted process: nothing as it was
-        model, optimizer, cursor = setup(cfg, batch=2)
-        start = resume_latest(root, model, optimizer, cursor, None, None, training_state,
-                              restore_training_state)
-        back = {"rng": torch.equal(torch.get_rng_state(), at_save["rng"]),
-                "data": cursor.position() == at_save["data"],
-                "optim": _same(_optimizer_tensors(optimizer), at_save["optim"]),
-                "model": _same([p.detach() for p in model.parameters()], at_save["model"])}
-        if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= STEPS:
-            return {"clean": clean, "start": repr(start), "resumed": None, "back": back}
-        resumed = [one_step(model, optimizer, cursor, cfg.vocab) for _ in range(start, STEPS)]
-        return {"clean": clean, "start": start, "resumed": resumed, "back": back}
-    finally:
-        dist.barrier()
-        if rank == 0:
-            shutil.rmtree(root, ignore_errors=True)
+    torch.manual_seed(rank)  # every rank draws dropout masks of its own
+    model, optimizer, cursor = setup(cfg, batch=2)
+    clean = []
+    for step in range(STEPS):
+        clean.append(one_step(model, optimizer, cursor, cfg.vocab))
+        if step + 1 == SAVED_AT:
+            save(training_state(model, optimizer, cursor, SAVED_AT, None),
+                 root / f"step_{SAVED_AT:06d}")
+            at_save = {"rng": torch.get_rng_state(), "data": cursor.position(),
+                       "optim": _optimizer_tensors(optimizer),
+                       "model": [p.detach().clone() for p in model.parameters()]}
+    torch.manual_seed(1000 + rank)  # a restarted process: nothing as it was
+    model, optimizer, cursor = setup(cfg, batch=2)
+    start = resume_latest(root, model, optimizer, cursor, None, None, training_state,
+                          restore_training_state)
+    back = {"rng": torch.equal(torch.get_rng_state(), at_save["rng"]),
+            "data": cursor.position() == at_save["data"],
+            "optim": _same(_optimizer_tensors(optimizer), at_save["optim"]),
+            "model": _same([p.detach() for p in model.parameters()], at_save["model"])}
+    if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= STEPS:
+        _remove(root)
+        return {"clean": clean, "start": repr(start), "resumed": None, "back": back}
+    resumed = [one_step(model, optimizer, cursor, cfg.vocab) for _ in range(start, STEPS)]
+    _remove(root)
+    return {"clean": clean, "start": start, "resumed": resumed, "back": back}
 
 
 @checks.check(EX_RESUME)
