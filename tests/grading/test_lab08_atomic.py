@@ -65,6 +65,7 @@ def test_a_gather_to_rank_0_passes(capsys):
     assert "✓ Exercise 8.3 passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a 3-rank job each: CI runs them after make test
 @pytest.mark.parametrize("options, reason", [
     (dict(gather=False), "index.json was written before the data file rank00002.bin"),
     (dict(gather=False, commit_on=None), r"index.json describes the pieces of rank\(s\) \[2\]"),

@@ -65,7 +65,7 @@ def test_the_solution_passes_as_judged(sandbox):
     assert "equal to DCP" in judged(sandbox, check_resharding_load, fill_box)
 
 
-@pytest.mark.slow  # a 4-rank job each (about 20 s): CI runs them after make test
+@pytest.mark.slow  # a 4-rank job each: CI runs them after make test
 @pytest.mark.parametrize("wrong, reason", [
     (first_piece_only, "left unfilled"),
     (no_byte_offset, "byte_offset"),

@@ -70,6 +70,7 @@ def test_the_solution_passes_as_judged(sandbox):
                                    restore_training_state)
 
 
+@pytest.mark.slow  # a 3-rank job each: CI runs them after make test
 @pytest.mark.parametrize("capture, restore, reason", [
     (model_only, restore_training_state, "AdamW's state was not back"),
     (one_generator_for_all, restore_replicated, "Rank 0's generator came back but not the "

@@ -76,6 +76,7 @@ def test_max_restarts_must_be_a_count():
             run(note_and_maybe_die, "/nonexistent", 0, 0, "raise", max_restarts=bad)
 
 
+@pytest.mark.slow  # a fresh torchrun job started twice: CI runs it after make test
 def test_a_script_restarts_too(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
