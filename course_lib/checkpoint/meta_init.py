@@ -36,7 +36,8 @@ a ``RowParallelLinear`` its columns; everything else is replicated whole.
 The peak is measured by :class:`LiveBytes`: the bytes of the tensors created under
 it (every op's output that owns new storage, on any device but meta) that are still
 alive, and the most at once. It sees what Python-level torch allocates, not a
-kernel's internal scratch; ``tracemalloc`` sees none of torch's memory, and on a
+kernel's internal scratch nor storage grown in place by ``resize_`` (how FSDP brings
+back its gathered buffer: not part of an init); ``tracemalloc`` sees none of torch's memory, and on a
 GPU ``torch.cuda.max_memory_allocated`` would show the allocator's view of the
 device part only.
 """

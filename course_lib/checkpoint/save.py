@@ -56,14 +56,17 @@ def _is_tensor_entry(value):
 
 
 def refuse_committed(path):
+    """Raise :class:`CheckpointError` if ``path`` holds a committed checkpoint (a save
+    never writes into one)."""
     if is_committed(path):  # the same answer on every rank: they share the directory
         raise CheckpointError(f"{path} already holds a committed checkpoint: a save never "
                               f"overwrites one; save to a new directory")
 
 
 def layout(state, path, rank):
-    """(the tensors this rank writes, in order; their descriptions for the index; the
-    plain values) of ``state``."""
+    """(the tensors this rank writes, in order; their descriptions for the index, a list
+    of dicts; the plain values, a dict) of ``state``, for rank ``rank`` of the group
+    that saves (a replicated tensor is rank 0's to write)."""
     tensors, described, values, at = [], [], {}, 0
     for name, value in state.items():
         if not _is_tensor_entry(value):
@@ -86,11 +89,15 @@ def layout(state, path, rank):
 
 
 def write_data(path, rank, tensors):
+    """This rank's data file in ``path``: ``tensors`` one after the other, written under a
+    temporary name, fsynced, then renamed (whole or absent)."""
     write_atomically(Path(path) / data_file(rank), (_as_buffer(t) for t in tensors))
 
 
 def commit(path, everyone, values, on_stage=None):
-    """Rank 0, once every rank's data is on disk: the index, then the marker."""
+    """Rank 0, once every rank's data is on disk: the index, then the marker.
+    ``everyone[r]`` is the description list ``layout`` gave group rank ``r``; ``values``
+    the plain values."""
     write_atomically(Path(path) / INDEX, json.dumps(_index(path, everyone, values)).encode())
     _stage(on_stage, "index")
     write_atomically(Path(path) / COMMITTED, b"")

@@ -159,6 +159,10 @@ def _run_restartable(payload, nproc, backend, timeout, max_restarts, rules, ship
               max_restarts=max_restarts)
     (job.dir / "task1.pkl").write_bytes(payload)
     saved = _finish(job, started, timeout, shipped)
+    missing = [r for r in range(nproc) if f"result{r}-1.pkl" not in saved]
+    if missing:
+        raise LaunchError(f"ranks {missing} ended without returning from the function (did it "
+                          f"end its process, e.g. sys.exit()?)", ranks=missing)
     results = _results(lambda name: saved[name], nproc, 1)
     results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
     results.wall_time = time.perf_counter() - started
@@ -244,7 +248,7 @@ def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
         elif outcome == "timeout":
             error = _timeout_error(timeout, nproc, job.stacks(), job.log, shipped())
         else:
-            error = _errors(job, nproc) or _failure(
+            error = _errors(job, nproc, number) or _failure(
                 [], job.log, f"torchrun exited with status {job.proc.returncode} before "
                 "every rank returned (did the call end its process, e.g. sys.exit()?)")
     except BaseException as exc:  # KeyboardInterrupt, or a bug of ours: nothing is reused
@@ -289,7 +293,8 @@ def _results(read, nproc, number):
     return results
 
 
-def _errors(job, nproc):
+def _errors(job, nproc, call=1):
+    """The failure of call number ``call`` (1 for a script or a restartable call)."""
     errors = []
     for rank in range(nproc):
         path = job.dir / f"error{rank}.json"
@@ -304,17 +309,17 @@ def _errors(job, nproc):
     recorded = {e["rank"] for e in errors}
     signals = _signalled_ranks(job.log)
     for rank in range(nproc):  # the cause, when a rank died with no word of its own
-        if rank not in recorded and _ended_silently(job, rank):
+        if rank not in recorded and _ended_silently(job, rank, call):
             errors.append(_silent_death(rank, signals.get(rank)))
     return _failure(errors, job.log) if errors else None
 
 
-def _ended_silently(job, rank):
-    """The rank left no record, no result, and was not ended by torchrun (its SIGTERM
-    mark, worker._mark_when_ended, is empty): it was killed or crashed."""
+def _ended_silently(job, rank, call):
+    """The rank left no record, no result of this call, and was not ended by torchrun
+    (its SIGTERM mark, worker._mark_when_ended, is empty): it was killed or crashed."""
     mark = job.dir / f"ended{rank}.txt"
     try:
-        return mark.stat().st_size == 0 and not (job.dir / f"result{rank}-1.pkl").exists()
+        return mark.stat().st_size == 0 and not (job.dir / f"result{rank}-{call}.pkl").exists()
     except FileNotFoundError:  # it never started (this attempt)
         return False
 
@@ -348,6 +353,18 @@ def _silent_death(rank, code):
         how = (f"it was ended by {name} (signal {code}) and left no traceback: "
                f"{_WHY.get(code, 'sent by another process')}")
     return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how}
+
+
+def _timeout_error(timeout, nproc, stacks, log, shipped=None):
+    """A :class:`LaunchTimeout` whose message says where each rank was, trimmed to
+    the student's code, and what kind of hang that is (:func:`diagnose_hang`).
+    The untrimmed dumps stay in ``.stacks``, the analysis is ``.diagnosis``."""
+    diagnosis = diagnose_hang(stacks, nproc, shipped or Shipped())
+    message = (f"the job did not finish within timeout={timeout:g}s and was stopped.\n"
+               f"{diagnosis.explain()}")
+    error = LaunchTimeout(message, ranks=sorted(stacks), stacks=stacks, log="".join(log))
+    error.diagnosis = diagnosis
+    return error
 
 
 def _failure(errors, log, reason=None):

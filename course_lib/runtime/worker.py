@@ -224,7 +224,11 @@ def _run_once(job, spec, rank):
     if backend == "nccl":
         torch.set_default_device(current_device())
     # call 1, as a warm rank's first: the trace's opening barrier is NCCL-rule call 0
-    value, exported = _run_call(job, {"id": 1, "mode": "fn"}, rank)
+    try:
+        value, exported = _run_call(job, {"id": 1, "mode": "fn"}, rank)
+    except SystemExit as exc:  # a quiet exit would leave its peers waiting in the barrier
+        raise RuntimeError(f"the function ended its process with sys.exit({exc.code!r}) "
+                           f"instead of returning") from None
     _write_whole(job / f"result{rank}-1.pkl", cloudpickle.dumps((value, exported)))
     if dist.is_initialized():  # (the function may have ended the group itself)
         # rank 0 hosts this attempt's store (job.py): nobody leaves while a peer may

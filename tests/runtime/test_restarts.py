@@ -107,8 +107,22 @@ def test_a_killed_rank_is_named_not_the_peers_it_broke(restarts):
     """The peers fail first, on their broken connection, with a record each; the rank that
     was killed wrote none, and is still the one named (the last rank: torchrun's summary
     may name a peer, so the launcher cannot rely on it)."""
+    run(int, nproc=3)  # a warm job's earlier calls left results: not this call's
     with pytest.raises(LaunchError) as caught:
         run(killed_while_peers_wait, 2, nproc=3, max_restarts=restarts, timeout=60)
     assert str(caught.value).startswith("rank 2 failed with")
     assert "no traceback" in str(caught.value)
     assert 2 in caught.value.ranks
+
+
+def leaves_quietly():
+    import sys
+
+    if dist.get_rank() == 1:
+        sys.exit(0)
+    return dist.get_rank()
+
+
+def test_a_rank_that_exits_without_returning_is_reported():
+    with pytest.raises(LaunchError, match=r"rank 1 failed .* ended its process with sys.exit"):
+        run(leaves_quietly, nproc=2, max_restarts=1, timeout=60)

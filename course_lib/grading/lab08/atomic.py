@@ -140,11 +140,27 @@ def atomic_job(sharded_save, pair):
 @checks.check(EX_ATOMIC)
 def check_atomic_save(sharded_save):
     for pair in (False, True):
-        outs = yield on_ranks(atomic_job, sharded_save, pair, nproc=3, timeout=60)
+        try:
+            outs = yield on_ranks(atomic_job, sharded_save, pair, nproc=3, timeout=60)
+        except checks.CheckFailed as exc:
+            raise _in_group(exc, pair) from None
         _judge(outs[1:] if pair else outs, pair)
     return ("3 ranks and a group of 2 of 3, uneven rows, one slow rank: data, then the "
             "index, then the marker; the replicated tensor once; read back in columns; "
             "a committed directory refused")
+
+
+def _in_group(exc, pair):
+    """A failure of the student's code, saying which save it was and, for torch's
+    "not part of group", what to pass instead."""
+    where = ("\n(This was the save on ranks 1 and 2 of 3 as a group: group ranks 0 and 1.)"
+             if pair else "")
+    if "is not part of group" in str(exc):
+        where += ("\nHint: dst / src of torch's object collectives are global ranks: give "
+                  "group_dst=0 (the group's rank 0), or all-gather the descriptions.")
+    failed = checks.CheckFailed(f"{exc}{where}", exercise=EX_ATOMIC)
+    failed.stacks, failed.diagnosis = getattr(exc, "stacks", None), getattr(exc, "diagnosis", None)
+    return failed
 
 
 def _judge(outs, pair):

@@ -46,7 +46,16 @@ def resharding_job(fill_box):
 @checks.check(EX_LOAD)
 def check_resharding_load(fill_box):
     ex = EX_LOAD
-    outs = yield on_ranks(resharding_job, fill_box, nproc=4, timeout=180)
+    try:
+        outs = yield on_ranks(resharding_job, fill_box, nproc=4, timeout=180)
+    except checks.CheckFailed as exc:
+        if "must match the size" not in str(exc) and "out of bounds" not in str(exc):
+            raise
+        failed = checks.CheckFailed(
+            f"{exc}\nHint: destination holds the box only, not the whole tensor: write the "
+            f"overlap at its offsets minus the box's offsets.", exercise=ex)
+        failed.stacks = getattr(exc, "stacks", None)
+        raise failed from None
     for layout, members in LAYOUTS:
         for rank in members:
             got = outs[rank][layout]

@@ -9,14 +9,15 @@ element (never with course_lib.checkpoint.boxes, which is what the student rewri
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 # ---- plain boxes --------------------------------------------------------------------------
 def as_int(value):
-    """``value`` as an int (an integer 0-d tensor too), or None."""
-    if type(value) is int:
-        return value
+    """``value`` as an int (a numpy integer or an integer 0-d tensor too), or None."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
             and value.dtype != torch.bool:
         return int(value.item())

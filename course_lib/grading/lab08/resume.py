@@ -113,8 +113,8 @@ def check_exact_resume(training_state, restore_training_state):
             f"is {got[first - SAVED_AT]!r}, the uninterrupted run's {want[first - SAVED_AT]!r}; "
             f"they must be equal to the last bit. {_hint(outs)}")
     return (f"{WORLD} ranks, dropout from a generator per rank, AdamW, shuffled data: saved "
-            f"after step {SAVED_AT}, resumed in a fresh start, steps {SAVED_AT + 1}-{STEPS} "
-            f"equal to the uninterrupted run bit for bit")
+            f"after {SAVED_AT} steps, resumed in a fresh start, steps {SAVED_AT}-{STEPS - 1} "
+            f"(from 0) equal to the uninterrupted run bit for bit")
 
 
 def _hint(outs):
