@@ -8,13 +8,19 @@ and :func:`latest_complete` goes back to the newest step all stages finished::
 
     save_stage(stage_state, "ckpt", step=120, stage=s)
     step_dir = latest_complete("ckpt", n_stages=4)     # ckpt/step_000120, or an earlier one
+    load_stages(state_of(new_stage, optimizer), step_dir)   # any partition, any stage count
+
+A stage's state is under the whole model's names (``GPTStage`` keeps the GPT's own
+parameter names, ``blocks.<i>`` with the global i), so a restart may cut the model
+differently: each name is read from whichever stage saved it.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from course_lib.checkpoint.files import is_committed
+from course_lib.checkpoint.files import CheckpointError, is_committed, read_index
+from course_lib.checkpoint.load import load
 from course_lib.checkpoint.save import save
 
 
@@ -37,3 +43,23 @@ def latest_complete(root, n_stages):
         if found and all(is_committed(child / f"stage_{s:03d}") for s in range(n_stages)):
             steps.append((int(found.group(1)), child))
     return max(steps)[1] if steps else None
+
+
+def load_stages(state, step_dir):
+    """Fill ``state`` (``load``'s kind) from the stage checkpoints of ``step_dir``, each
+    name from the stage that saved it; returns the bytes read. Raises if a name is in no
+    stage. Plain values (the step) are taken from the first stage that holds them."""
+    read, found = 0, set()
+    for stage_dir in sorted(Path(step_dir).glob("stage_*")):
+        index = read_index(stage_dir)
+        names = [n for n in state if n not in found
+                 and (n in index["tensors"] or n in index["values"])]
+        part = {n: state[n] for n in names}
+        read += load(part, stage_dir)
+        state.update(part)
+        found.update(names)
+    missing = [n for n in state if n not in found]
+    if missing:
+        raise CheckpointError(f"{step_dir}: no stage saved {missing[:5]}"
+                              f"{' and more' if len(missing) > 5 else ''}")
+    return read

@@ -51,3 +51,30 @@ def test_each_stage_saves_alone_and_the_newest_complete_step_wins(tmp_path):
         got = consolidate(step / f"stage_{stage:03d}")
         assert torch.equal(got["layers"], torch.full((2,), float(10 * stage + 2)))
     assert latest_complete(tmp_path, n_stages=4) is None
+
+
+def test_stages_saved_on_one_partition_load_into_another_and_into_the_whole_model(tmp_path):
+    """A stage keeps the GPT's own names: 3 stages' checkpoints (AdamW after a step) fill
+    the whole model and a 2-stage cut of it, every parameter and moment as saved."""
+    from course_lib.checkpoint import load_stages, state_of
+    from course_lib.checkpoint.state import ensure_optimizer_state
+    from course_lib.models import GPT, GPTConfig
+    from course_lib.pipeline.stage import GPTStage
+
+    cfg = GPTConfig(vocab=11, dim=8, layers=4, heads=2, seq_len=6)
+    saved = {}
+    for s, pieces in enumerate((range(0, 2), range(2, 4), range(4, 6))):
+        stage = GPTStage(cfg, pieces, seed=s)  # seeds differ: every value is traceable
+        opt = torch.optim.AdamW(stage.parameters(), lr=0.1)
+        sum(p.sum() for p in stage.parameters()).backward()
+        opt.step()
+        state = state_of(stage, opt)
+        saved.update({k: v.clone() for k, v in state.items()})
+        save_stage(state, tmp_path, 7, s)
+    for model in (GPT(cfg, seed=9), GPTStage(cfg, range(1, 5), seed=9)):
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        ensure_optimizer_state(model, opt)
+        state = state_of(model, opt)
+        load_stages(state, tmp_path / "step_000007")
+        for name, value in state.items():
+            assert torch.equal(value, saved[name]), name
