@@ -69,10 +69,11 @@ def resolve(name):
     return obj
 
 
-def on_ranks(harness, *args, nproc, timeout=60.0, **kwargs):
+def on_ranks(harness, *args, nproc, timeout=60.0, fresh=False, **kwargs):
     """Ask for ``harness(*args, **kwargs)`` on every rank of a job of ``nproc`` (gloo,
-    CPU ranks: a grade does not depend on the machine)."""
-    return Request("ranks", _name_of(harness), args, kwargs, nproc, float(timeout))
+    CPU ranks: a grade does not depend on the machine); ``fresh=True``: in new processes
+    (nothing the previous request left in memory survives)."""
+    return Request("ranks", _name_of(harness), args, kwargs, nproc, float(timeout), fresh)
 
 
 def here(harness, *args, **kwargs):

@@ -100,3 +100,26 @@ def test_the_library_is_refused(sandbox):
 
     with pytest.raises(checks.CheckFailed, match="course_lib.s own implementation"):
         judged(sandbox, check_exact_resume, library_capture, library_restore)
+
+
+KEPT = {}
+
+
+def keeps_it_in_memory(model, optimizer, cursor, step, group):
+    """Saves the model, the optimizer and the step; keeps the generator and the data
+    position in this process's memory, which a restart does not keep."""
+    KEPT.update(rng=torch.get_rng_state(), data=cursor.position())
+    return {**state_of(model, optimizer), "step": step}
+
+
+def restores_from_memory(state, cursor):
+    if KEPT:
+        torch.set_rng_state(KEPT["rng"])
+        cursor.seek(KEPT["data"])
+    return state["step"]
+
+
+@pytest.mark.slow
+def test_state_kept_in_memory_does_not_survive_the_restart():
+    with pytest.raises(checks.CheckFailed, match="Exercise 8.5"):
+        check_exact_resume(keeps_it_in_memory, restores_from_memory)

@@ -1,19 +1,22 @@
 """Exercise 8.5, an exact resume: the student's ``training_state`` (what to save besides
 the model) and ``restore_training_state`` (what to put back by hand after the load).
 
-The job (on 3 ranks, each with its own dropout generator) trains six steps, saving
-after the third with the student's ``training_state``; then it starts again as a
-restarted process would, from a fresh model, optimizer, data cursor and a generator in
-another state, resumes from the checkpoint with the student's two functions and runs
-to step six. The verdict is the losses: those of the resumed steps must equal the
-uninterrupted run's, bit for bit. What the job also reports (was each rank's
-generator, data position, optimizer state back as it was at the save?) only chooses
+Three jobs of 3 ranks, each rank with its own dropout generator. The reference, run by
+the check's own process (the judge: no student code): six steps, uninterrupted, and
+what the state was after three. Then, on the student's side, a job trains three steps
+and saves with the student's ``training_state``; a *fresh* job (new processes: nothing
+survives in memory, as after a real failure) builds the model, optimizer, data cursor
+and a generator in another state, resumes from the checkpoint with the student's two
+functions and runs steps 3-5. The verdict is the losses: those of the resumed steps
+must equal the reference's, bit for bit. What the resumed job reports (was each rank's
+generator, data position, optimizer state back as the reference had it?) only chooses
 the hint. The real thing, a rank SIGKILLed and torchrun restarting every rank, is the
 lab's demonstration with the same two functions
 (:func:`course_lib.checkpoint.resumable.train`).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +30,7 @@ from course_lib.grading.requests import on_ranks
 EX_RESUME = "Exercise 8.5"
 STEPS, SAVED_AT, WORLD = 6, 3, 3
 
-__all__ = ["check_exact_resume", "resume_job"]
+__all__ = ["check_exact_resume", "reference_job", "save_job", "resume_job"]
 
 
 def _shared_folder():
@@ -56,48 +59,88 @@ def _same(a, b):
     return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
 
 
-def resume_job(training_state, restore_training_state):
-    """On every rank: the uninterrupted losses, the step the resume returned, the resumed
-    losses, and which parts of the state came back as they were at the save."""
-    from course_lib.checkpoint.resumable import one_step, setup
-    from course_lib.checkpoint.resume import resume_latest
-    from course_lib.checkpoint.save import save
+def _start(seed):
+    """The model, optimizer and data cursor of a fresh process, its generator seeded."""
+    from course_lib.checkpoint.resumable import setup
     from course_lib.pipeline.runs import corpus_config
 
     cfg = corpus_config(layers=1, dim=16, heads=2, seq_len=8)
-    rank, root = dist.get_rank(), _shared_folder()
-    torch.manual_seed(rank)  # every rank draws dropout masks of its own
-    model, optimizer, cursor = setup(cfg, batch=2)
-    clean = []
+    torch.manual_seed(seed)
+    return cfg, *setup(cfg, batch=2)
+
+
+def _snapshot(model, optimizer, cursor):
+    """What the next step depends on, to compare (the hints) as plain data."""
+    return {"rng": torch.get_rng_state(), "data": cursor.position(),
+            "optim": _optimizer_tensors(optimizer),
+            "model": [p.detach().clone() for p in model.parameters()]}
+
+
+def reference_job():
+    """The judge's: every loss of the uninterrupted run, and the state after SAVED_AT."""
+    from course_lib.checkpoint.resumable import one_step
+
+    cfg, model, optimizer, cursor = _start(dist.get_rank())  # dropout masks of its own
+    losses = []
     for step in range(STEPS):
-        clean.append(one_step(model, optimizer, cursor, cfg.vocab))
-        if step + 1 == SAVED_AT:
-            save(training_state(model, optimizer, cursor, SAVED_AT, None),
-                 root / f"step_{SAVED_AT:06d}")
-            at_save = {"rng": torch.get_rng_state(), "data": cursor.position(),
-                       "optim": _optimizer_tensors(optimizer),
-                       "model": [p.detach().clone() for p in model.parameters()]}
-    torch.manual_seed(1000 + rank)  # a restarted process: nothing as it was
-    model, optimizer, cursor = setup(cfg, batch=2)
+        if step == SAVED_AT:
+            at_save = _snapshot(model, optimizer, cursor)
+        losses.append(one_step(model, optimizer, cursor, cfg.vocab))
+    return {"losses": losses, "at_save": at_save}
+
+
+def save_job(training_state):
+    """The student's side: SAVED_AT steps, then a save with the student's state. The
+    checkpoint goes beside the job's folder (which goes with the job): the resume runs
+    in another job."""
+    from course_lib.checkpoint.resumable import one_step
+    from course_lib.checkpoint.save import save
+
+    beside = Path(os.environ.get("TMPDIR", tempfile.gettempdir())).parent
+    name = [tempfile.mkdtemp(prefix="lab08-resume-", dir=beside) if dist.get_rank() == 0
+            else None]
+    dist.broadcast_object_list(name, group_src=0)
+    root = Path(name[0])
+    cfg, model, optimizer, cursor = _start(dist.get_rank())
+    losses = [one_step(model, optimizer, cursor, cfg.vocab) for _ in range(SAVED_AT)]
+    save(training_state(model, optimizer, cursor, SAVED_AT, None),
+         root / f"step_{SAVED_AT:06d}")
+    return {"losses": losses, "root": str(root)}
+
+
+def resume_job(training_state, restore_training_state, root):
+    """The student's side, in new processes: resume with the student's functions and run
+    to the end; the losses, the step returned, and the state right after the resume."""
+    from course_lib.checkpoint.resumable import one_step
+    from course_lib.checkpoint.resume import resume_latest
+
+    root = Path(root)
+    cfg, model, optimizer, cursor = _start(1000 + dist.get_rank())  # nothing as it was
     start = resume_latest(root, model, optimizer, cursor, None, None, training_state,
                           restore_training_state)
-    back = {"rng": torch.equal(torch.get_rng_state(), at_save["rng"]),
-            "data": cursor.position() == at_save["data"],
-            "optim": _same(_optimizer_tensors(optimizer), at_save["optim"]),
-            "model": _same([p.detach() for p in model.parameters()], at_save["model"])}
-    if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= STEPS:
-        _remove(root)
-        return {"clean": clean, "start": repr(start), "resumed": None, "back": back}
-    resumed = [one_step(model, optimizer, cursor, cfg.vocab) for _ in range(start, STEPS)]
-    _remove(root)
-    return {"clean": clean, "start": start, "resumed": resumed, "back": back}
+    after = _snapshot(model, optimizer, cursor)
+    resumed = None
+    if isinstance(start, int) and not isinstance(start, bool) and 0 <= start <= STEPS:
+        resumed = [one_step(model, optimizer, cursor, cfg.vocab) for _ in range(start, STEPS)]
+    else:
+        start = repr(start)
+    dist.barrier()  # (only on success: see _remove)
+    if dist.get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"start": start, "resumed": resumed, "after": after}
 
 
 @checks.check(EX_RESUME)
 def check_exact_resume(training_state, restore_training_state):
     ex = EX_RESUME
-    outs = yield on_ranks(resume_job, training_state, restore_training_state, nproc=WORLD,
-                          timeout=120)
+    reference = checks.reference_ranks(reference_job, nproc=WORLD)
+    saved = yield on_ranks(save_job, training_state, nproc=WORLD, timeout=120, fresh=True)
+    if [out["losses"] for out in saved] != [r["losses"][:SAVED_AT] for r in reference]:
+        raise checks.CheckFailed(f"{ex}: the first {SAVED_AT} steps, before any save, gave "
+                                 f"other losses than the reference run: did your code change "
+                                 f"the training itself?")
+    outs = yield on_ranks(resume_job, training_state, restore_training_state, saved[0]["root"],
+                          nproc=WORLD, timeout=120, fresh=True)
     for rank, out in enumerate(outs):
         if out["start"] != SAVED_AT:
             raise checks.CheckFailed(
@@ -105,21 +148,29 @@ def check_exact_resume(training_state, restore_training_state):
                 f"{rank}; the checkpoint was taken after {SAVED_AT} steps, so the run must go on "
                 f"at step {SAVED_AT}: return the step the state holds once it is loaded")
     # the loss is averaged over the ranks: one rank's wrong state shows on every rank
-    want, got = outs[0]["clean"][SAVED_AT:], outs[0]["resumed"]
+    want, got = reference[0]["losses"][SAVED_AT:], outs[0]["resumed"]
     if got != want:
         first = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w) + SAVED_AT
         raise checks.CheckFailed(
             f"{ex}: the resumed run's loss (the mean over the {WORLD} ranks) at step {first} "
             f"is {got[first - SAVED_AT]!r}, the uninterrupted run's {want[first - SAVED_AT]!r}; "
-            f"they must be equal to the last bit. {_hint(outs)}")
+            f"they must be equal to the last bit. {_hint(outs, reference)}")
     return (f"{WORLD} ranks, dropout from a generator per rank, AdamW, shuffled data: saved "
-            f"after {SAVED_AT} steps, resumed in a fresh start, steps {SAVED_AT}-{STEPS - 1} "
+            f"after {SAVED_AT} steps, resumed in new processes, steps {SAVED_AT}-{STEPS - 1} "
             f"(from 0) equal to the uninterrupted run bit for bit")
 
 
-def _hint(outs):
+def _hint(outs, reference):
+    def back(rank, part):
+        got, want = outs[rank]["after"][part], reference[rank]["at_save"][part]
+        if part == "data":
+            return got == want
+        if part == "rng":
+            return torch.equal(got, want)
+        return _same(got, want)
+
     def everywhere(part):
-        return all(out["back"][part] for out in outs)
+        return all(back(rank, part) for rank in range(len(outs)))
 
     if not everywhere("model"):
         return ("The model's parameters were not back as they were at the save: the state "
@@ -132,7 +183,7 @@ def _hint(outs):
         return ("The data cursor was not where it was at the save: the resumed run reads "
                 "other batches. Save cursor.position() and cursor.seek(...) it back.")
     if not everywhere("rng"):
-        if outs[0]["back"]["rng"]:
+        if back(0, "rng"):
             return ("Rank 0's generator came back but not the other ranks': a plain tensor "
                     "is saved once, by rank 0, and every rank loads rank 0's state. Each "
                     "rank's generator is its own: save it as row `rank` of a ShardedTensor "
