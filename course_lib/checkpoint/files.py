@@ -23,6 +23,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read as asked; the message names it."""
 
 
+def dtype_of(name):
+    """The torch dtype an index names (``"float32"`` -> ``torch.float32``)."""
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"{name!r} names no torch dtype")
+    return dtype
+
+
 def data_file(rank):
     return f"rank{rank:05d}.bin"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from course_lib.checkpoint.boxes import ShardedTensor, byte_ranges, overlap
-from course_lib.checkpoint.files import CheckpointError, read_index
+from course_lib.checkpoint.files import CheckpointError, dtype_of, read_index
 
 
 def _wanted(value):
@@ -59,7 +59,7 @@ def _load_tensor(path, index, name, value, fill):
         raise CheckpointError(f"{path} holds no tensor {name!r} (it has "
                               f"{sorted(index['tensors'])})")
     wanted, shape = _wanted(value)
-    dtype = getattr(torch, entry["dtype"])
+    dtype = dtype_of(entry["dtype"])
     if shape is not None and tuple(shape) != tuple(entry["shape"]):
         raise CheckpointError(f"{path}: {name!r} was saved with shape {tuple(entry['shape'])}, "
                               f"the state asks for {tuple(shape)}")
@@ -81,7 +81,7 @@ def fill_box(path, entry, destination, box):
     entry (``shape``, ``dtype``, ``pieces``: each with ``file``, ``byte_offset``,
     ``offsets``, ``sizes``): for every piece, the overlap with the box, read as byte runs
     of the piece's row-major array in its file. Returns the bytes read."""
-    dtype = getattr(torch, entry["dtype"])
+    dtype = dtype_of(entry["dtype"])
     read = filled = 0
     for piece in entry["pieces"]:
         stored = (tuple(piece["offsets"]), tuple(piece["sizes"]))
@@ -128,7 +128,7 @@ def consolidate(path):
     """{name: whole tensor (CPU), or plain value} of the checkpoint at ``path``, in this
     process (to hand a model to someone with one GPU)."""
     index = read_index(path)
-    state = {name: torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]))
+    state = {name: torch.empty(entry["shape"], dtype=dtype_of(entry["dtype"]))
              for name, entry in index["tensors"].items()}
     state.update({name: None for name in index["values"]})
     load(state, path)

@@ -155,8 +155,10 @@ def execute(request, keep=None):
     except LaunchError as exc:
         if exc.exc_type == "NotImplementedError":
             return {"stub": True}
-        if not exc.errors:
-            found = _GLOO_ABORT.search(exc.log or "")
+        found = _GLOO_ABORT.search(exc.log or "")
+        # no record, or the first is a rank that died silently (launcher._silent_death):
+        # an abort of gloo's, explained as such when its message is in the log
+        if not exc.errors or (exc.errors[0].get("silent") and found):
             return {"ended": str(exc), "abort": found["what"].strip() if found else None}
         return {"raised": str(exc), "rank": exc.errors[0]["rank"]}
     except NotImplementedError:

@@ -343,8 +343,8 @@ def _silent_death(rank, code):
     """The record of a rank that died without writing one."""
     if code is None:
         name, how = "a signal", ("it ended leaving no traceback, and torchrun had not stopped "
-                                 "it: killed (SIGKILL, the out-of-memory killer) or crashed "
-                                 "in C code")
+                                 "it: killed (SIGKILL, the out-of-memory killer), crashed in "
+                                 "C code, or ended by os._exit")
     else:
         try:
             name = signal.Signals(code).name
@@ -352,7 +352,8 @@ def _silent_death(rank, code):
             name = f"signal {code}"
         how = (f"it was ended by {name} (signal {code}) and left no traceback: "
                f"{_WHY.get(code, 'sent by another process')}")
-    return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how}
+    return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how,
+            "silent": True}
 
 
 def _timeout_error(timeout, nproc, stacks, log, shipped=None):

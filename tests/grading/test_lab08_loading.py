@@ -7,6 +7,7 @@ import torch
 
 from conftest import judged, ship_by_value
 from course_lib.checkpoint import byte_ranges, overlap
+from course_lib.checkpoint.files import dtype_of
 from course_lib.grading import checks
 from course_lib.grading.lab08.loading import check_resharding_load
 
@@ -29,7 +30,7 @@ def _block(path, piece, stored, common, dtype, base=None):
 
 
 def fill_box(path, entry, destination, box, first_only=False, base=None, global_slices=False):
-    dtype, read = getattr(torch, entry["dtype"]), 0
+    dtype, read = dtype_of(entry["dtype"]), 0
     for piece in entry["pieces"]:
         stored = (tuple(piece["offsets"]), tuple(piece["sizes"]))
         common = overlap(stored, box)
