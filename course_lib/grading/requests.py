@@ -156,7 +156,7 @@ def execute(request, keep=None):
         if exc.exc_type == "NotImplementedError":
             return {"stub": True}
         found = _GLOO_ABORT.search(exc.log or "")
-        # no record, or the first is a rank that died silently (launcher._silent_death):
+        # no record, or the first is a rank that died silently (failures._silent_death):
         # an abort of gloo's, explained as such when its message is in the log
         if not exc.errors or (exc.errors[0].get("silent") and found):
             return {"ended": str(exc), "abort": found["what"].strip() if found else None}

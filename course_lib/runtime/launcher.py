@@ -24,8 +24,6 @@ waited for before the call returns; the next call starts a fresh job.
 from __future__ import annotations
 
 import json
-import re
-import signal
 import time
 from pathlib import Path
 
@@ -33,39 +31,13 @@ import cloudpickle
 
 from course_lib.runtime import nccl_rules, warm
 from course_lib.runtime.backend import resolve_backend
-from course_lib.runtime.hangs import diagnose_hang
+from course_lib.runtime.failures import (LaunchError, LaunchTimeout, errors_of, failure, gave_up,
+                                        timeout_error)
 from course_lib.runtime.job import Job
 from course_lib.runtime.shipped import Shipped
 
 __all__ = ["run", "run_script", "run_cell", "shutdown", "Results", "LaunchError",
            "LaunchTimeout"]
-
-
-class LaunchError(RuntimeError):
-    """A rank failed. ``.ranks`` lists the failed ranks, ``.errors`` their records
-    (rank, type, message, traceback) in the order they failed; ``.port`` is the
-    job's rendezvous port (free again by the time you see this)."""
-
-    port = None
-
-    def __init__(self, message, ranks=(), errors=(), log=""):
-        super().__init__(message)
-        self.ranks = list(ranks)
-        self.errors = list(errors)
-        self.log = log
-
-    @property
-    def exc_type(self):
-        """Exception class name of the first rank that failed, or None."""
-        return self.errors[0]["type"] if self.errors else None
-
-
-class LaunchTimeout(LaunchError):
-    """The job outlived its timeout. ``.stacks`` maps rank -> Python stack dump."""
-
-    def __init__(self, message, ranks=(), stacks=None, log=""):
-        super().__init__(message, ranks=ranks, log=log)
-        self.stacks = dict(stacks or {})
 
 
 class Results(list):
@@ -177,12 +149,12 @@ def _finish(job, started, timeout, shipped=None):
         outcome = job.pump(started + timeout)
         port = job.port
         if outcome == "timeout":
-            error = _timeout_error(timeout, nproc, job.stacks(), job.log,
+            error = timeout_error(timeout, nproc, job.stacks(), job.log,
                                    shipped() if shipped else None)
         else:
-            error = _errors(job, nproc) if job.proc.returncode else None
+            error = errors_of(job, nproc) if job.proc.returncode else None
             if error is None and job.proc.returncode:
-                error = _failure([], job.log, _gave_up(job))
+                error = failure([], job.log, gave_up(job))
             if error is not None and job.max_restarts:
                 error.add_note(f"(torchrun restarted the ranks {job.max_restarts} times, "
                                "max_restarts; this is how the last attempt failed)")
@@ -199,16 +171,6 @@ def _finish(job, started, timeout, shipped=None):
         error.port = port
         raise error
     return saved
-
-
-def _gave_up(job):
-    """Why a job failed when no rank of its last attempt left a record."""
-    reason = f"torchrun exited with status {job.proc.returncode} and no rank reported an error"
-    if job.max_restarts:
-        reason += (f" in its last attempt (the ranks were started {job.max_restarts + 1} times, "
-                   f"max_restarts={job.max_restarts}; a rank ended by a signal, SIGKILL or "
-                   "out of memory, leaves no record: look for 'Signal' and 'exitcode' below)")
-    return reason
 
 
 def shutdown():
@@ -246,9 +208,9 @@ def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
         if outcome == "done":
             results = _results(lambda name: (job.dir / name).read_bytes(), nproc, number)
         elif outcome == "timeout":
-            error = _timeout_error(timeout, nproc, job.stacks(), job.log, shipped())
+            error = timeout_error(timeout, nproc, job.stacks(), job.log, shipped())
         else:
-            error = _errors(job, nproc, number) or _failure(
+            error = errors_of(job, nproc, number) or failure(
                 [], job.log, f"torchrun exited with status {job.proc.returncode} before "
                 "every rank returned (did the call end its process, e.g. sys.exit()?)")
     except BaseException as exc:  # KeyboardInterrupt, or a bug of ours: nothing is reused
@@ -293,92 +255,3 @@ def _results(read, nproc, number):
     return results
 
 
-def _errors(job, nproc, call=1):
-    """The failure of call number ``call`` (1 for a script or a restartable call)."""
-    errors = []
-    for rank in range(nproc):
-        path = job.dir / f"error{rank}.json"
-        try:
-            errors.append(json.loads(path.read_text()))
-        except FileNotFoundError:
-            continue
-        except ValueError:  # cut short: its rank was ended while writing it (the rank
-            continue        # that failed first, whose record is whole, names the cause)
-    # a job that restarts fails in its last attempt: an earlier attempt's record is history
-    errors = [e for e in errors if e.get("attempt", 0) == job.max_restarts]
-    recorded = {e["rank"] for e in errors}
-    signals = _signalled_ranks(job.log)
-    for rank in range(nproc):  # the cause, when a rank died with no word of its own
-        if rank not in recorded and _ended_silently(job, rank, call):
-            errors.append(_silent_death(rank, signals.get(rank)))
-    return _failure(errors, job.log) if errors else None
-
-
-def _ended_silently(job, rank, call):
-    """The rank left no record, no result of this call, and was not ended by torchrun
-    (its SIGTERM mark, worker._mark_when_ended, is empty): it was killed or crashed."""
-    mark = job.dir / f"ended{rank}.txt"
-    try:
-        return mark.stat().st_size == 0 and not (job.dir / f"result{rank}-{call}.pkl").exists()
-    except FileNotFoundError:  # it never started (this attempt)
-        return False
-
-
-def _signalled_ranks(log):
-    """{rank: signal number} of the ranks torchrun's summary says a signal ended."""
-    text = "".join(log)
-    at = text.rfind("Root Cause (first observed failure)")
-    found = re.finditer(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text[at:], re.S) \
-        if at >= 0 else ()
-    return {int(m.group(1)): -int(m.group(2)) for m in found if int(m.group(2)) < 0}
-
-
-_WHY = {signal.SIGKILL: "killed (by hand, by the out-of-memory killer, or with its node)",
-        signal.SIGSEGV: "a crash in C code (a segmentation fault)",
-        signal.SIGBUS: "a crash in C code (a bus error)",
-        signal.SIGABRT: "an abort (a C++ exception that was not caught, or NCCL's watchdog)"}
-
-
-def _silent_death(rank, code):
-    """The record of a rank that died without writing one."""
-    if code is None:
-        name, how = "a signal", ("it ended leaving no traceback, and torchrun had not stopped "
-                                 "it: killed (SIGKILL, the out-of-memory killer), crashed in "
-                                 "C code, or ended by os._exit")
-    else:
-        try:
-            name = signal.Signals(code).name
-        except ValueError:
-            name = f"signal {code}"
-        how = (f"it was ended by {name} (signal {code}) and left no traceback: "
-               f"{_WHY.get(code, 'sent by another process')}")
-    return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how,
-            "silent": True}
-
-
-def _timeout_error(timeout, nproc, stacks, log, shipped=None):
-    """A :class:`LaunchTimeout` whose message says where each rank was, trimmed to
-    the student's code, and what kind of hang that is (:func:`diagnose_hang`).
-    The untrimmed dumps stay in ``.stacks``, the analysis is ``.diagnosis``."""
-    diagnosis = diagnose_hang(stacks, nproc, shipped or Shipped())
-    message = (f"the job did not finish within timeout={timeout:g}s and was stopped.\n"
-               f"{diagnosis.explain()}")
-    error = LaunchTimeout(message, ranks=sorted(stacks), stacks=stacks, log="".join(log))
-    error.diagnosis = diagnosis
-    return error
-
-
-def _failure(errors, log, reason=None):
-    errors = sorted(errors, key=lambda e: e["time"])
-    if errors:
-        first = errors[0]
-        others = [e["rank"] for e in errors[1:]]
-        msg = f"rank {first['rank']} failed with {first['type']}: {first['message']}\n"
-        if first["traceback"]:
-            msg += f"\nTraceback of rank {first['rank']}:\n{first['traceback']}"
-        if others:
-            msg += f"\n(ranks {others} failed after it, probably as a consequence)"
-        return LaunchError(msg, ranks=sorted(e["rank"] for e in errors), errors=errors,
-                           log="".join(log))
-    tail = "".join(log[-40:])
-    return LaunchError(f"{reason}. Launcher output:\n{tail}", log="".join(log))

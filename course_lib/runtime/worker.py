@@ -336,7 +336,7 @@ def main(job_dir=None):
     finally:  # (reporting to a kernel that has died raises BrokenPipeError)
         if not forked:
             _remove_orphaned_folder(job, rank)
-    try:  # an exit of its own: not a silent death (launcher._ended_silently)
+    try:  # an exit of its own: not a silent death (failures._ended_silently)
         with open(job / f"ended{rank}.txt", "a") as mark:
             mark.write(f"exited with status {code}\n")
     except OSError:  # the job's folder is gone with its kernel

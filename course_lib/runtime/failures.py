@@ -1,0 +1,147 @@
+"""How a job failed, told from what its ranks left (Lab 00's launcher): the records of
+the ranks that raised, the marks of the ranks torchrun ended, torchrun's own summary.
+
+A rank that raises writes a record (its traceback). The ranks torchrun then ends with
+SIGTERM write a mark from the signal handler. A rank that left neither, nor a result,
+died from outside (SIGKILL, the out-of-memory killer, a crash in C code): that is the
+cause, named first, whatever its peers' broken connections say. A hang is told from
+every rank's stack (:func:`timeout_error`).
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+from course_lib.runtime.hangs import diagnose_hang
+from course_lib.runtime.shipped import Shipped
+
+__all__ = ["LaunchError", "LaunchTimeout", "errors_of", "failure", "timeout_error", "gave_up"]
+
+
+class LaunchError(RuntimeError):
+    """A rank failed. ``.ranks`` lists the failed ranks, ``.errors`` their records
+    (rank, type, message, traceback) in the order they failed; ``.port`` is the
+    job's rendezvous port (free again by the time you see this)."""
+
+    port = None
+
+    def __init__(self, message, ranks=(), errors=(), log=""):
+        super().__init__(message)
+        self.ranks = list(ranks)
+        self.errors = list(errors)
+        self.log = log
+
+    @property
+    def exc_type(self):
+        """Exception class name of the first rank that failed, or None."""
+        return self.errors[0]["type"] if self.errors else None
+
+
+class LaunchTimeout(LaunchError):
+    """The job outlived its timeout. ``.stacks`` maps rank -> Python stack dump."""
+
+    def __init__(self, message, ranks=(), stacks=None, log=""):
+        super().__init__(message, ranks=ranks, log=log)
+        self.stacks = dict(stacks or {})
+
+
+def errors_of(job, nproc, call=1):
+    """The failure of call number ``call`` (1 for a script or a restartable call)."""
+    errors = []
+    for rank in range(nproc):
+        path = job.dir / f"error{rank}.json"
+        try:
+            errors.append(json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
+        except ValueError:  # cut short: its rank was ended while writing it (the rank
+            continue        # that failed first, whose record is whole, names the cause)
+    # a job that restarts fails in its last attempt: an earlier attempt's record is history
+    errors = [e for e in errors if e.get("attempt", 0) == job.max_restarts]
+    recorded = {e["rank"] for e in errors}
+    signals = _signalled_ranks(job.log)
+    for rank in range(nproc):  # the cause, when a rank died with no word of its own
+        if rank not in recorded and _ended_silently(job, rank, call):
+            errors.append(_silent_death(rank, signals.get(rank)))
+    return failure(errors, job.log) if errors else None
+
+
+def _ended_silently(job, rank, call):
+    """The rank left no record, no result of this call, and was not ended by torchrun
+    (its SIGTERM mark, worker._mark_when_ended, is empty): it was killed or crashed."""
+    mark = job.dir / f"ended{rank}.txt"
+    try:
+        return mark.stat().st_size == 0 and not (job.dir / f"result{rank}-{call}.pkl").exists()
+    except FileNotFoundError:  # it never started (this attempt)
+        return False
+
+
+def _signalled_ranks(log):
+    """{rank: signal number} of the ranks torchrun's summary says a signal ended."""
+    text = "".join(log)
+    at = text.rfind("Root Cause (first observed failure)")
+    found = re.finditer(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text[at:], re.S) \
+        if at >= 0 else ()
+    return {int(m.group(1)): -int(m.group(2)) for m in found if int(m.group(2)) < 0}
+
+
+_WHY = {signal.SIGKILL: "killed (by hand, by the out-of-memory killer, or with its node)",
+        signal.SIGSEGV: "a crash in C code (a segmentation fault)",
+        signal.SIGBUS: "a crash in C code (a bus error)",
+        signal.SIGABRT: "an abort (a C++ exception that was not caught, or NCCL's watchdog)"}
+
+
+def _silent_death(rank, code):
+    """The record of a rank that died without writing one."""
+    if code is None:
+        name, how = "a signal", ("it ended leaving no traceback, and torchrun had not stopped "
+                                 "it: killed (SIGKILL, the out-of-memory killer), crashed in "
+                                 "C code, or ended by os._exit")
+    else:
+        try:
+            name = signal.Signals(code).name
+        except ValueError:
+            name = f"signal {code}"
+        how = (f"it was ended by {name} (signal {code}) and left no traceback: "
+               f"{_WHY.get(code, 'sent by another process')}")
+    return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how,
+            "silent": True}
+
+
+def timeout_error(timeout, nproc, stacks, log, shipped=None):
+    """A :class:`LaunchTimeout` whose message says where each rank was, trimmed to
+    the student's code, and what kind of hang that is (:func:`diagnose_hang`).
+    The untrimmed dumps stay in ``.stacks``, the analysis is ``.diagnosis``."""
+    diagnosis = diagnose_hang(stacks, nproc, shipped or Shipped())
+    message = (f"the job did not finish within timeout={timeout:g}s and was stopped.\n"
+               f"{diagnosis.explain()}")
+    error = LaunchTimeout(message, ranks=sorted(stacks), stacks=stacks, log="".join(log))
+    error.diagnosis = diagnosis
+    return error
+
+
+def failure(errors, log, reason=None):
+    errors = sorted(errors, key=lambda e: e["time"])
+    if errors:
+        first = errors[0]
+        others = [e["rank"] for e in errors[1:]]
+        msg = f"rank {first['rank']} failed with {first['type']}: {first['message']}\n"
+        if first["traceback"]:
+            msg += f"\nTraceback of rank {first['rank']}:\n{first['traceback']}"
+        if others:
+            msg += f"\n(ranks {others} failed after it, probably as a consequence)"
+        return LaunchError(msg, ranks=sorted(e["rank"] for e in errors), errors=errors,
+                           log="".join(log))
+    tail = "".join(log[-40:])
+    return LaunchError(f"{reason}. Launcher output:\n{tail}", log="".join(log))
+
+
+def gave_up(job):
+    """Why a job failed when no rank of its last attempt left a record."""
+    reason = f"torchrun exited with status {job.proc.returncode} and no rank reported an error"
+    if job.max_restarts:
+        reason += (f" in its last attempt (the ranks were started {job.max_restarts + 1} times, "
+                   f"max_restarts={job.max_restarts}; a rank ended by a signal, SIGKILL or "
+                   "out of memory, leaves no record: look for 'Signal' and 'exitcode' below)")
+    return reason
