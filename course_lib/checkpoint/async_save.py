@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course_lib.checkpoint.boxes import ShardedTensor
+from course_lib.checkpoint.boxes import map_state
 from course_lib.checkpoint.files import CheckpointError, data_file
 from course_lib.checkpoint.save import commit, layout, refuse_committed, write_data
 
@@ -44,18 +44,7 @@ def _copy(tensor):
 
 def snapshot(state):
     """``state`` with every tensor copied to the host, so that training may change it."""
-    out = {}
-    for name, value in state.items():
-        if isinstance(value, torch.Tensor):
-            out[name] = _copy(value)
-        elif isinstance(value, ShardedTensor):
-            out[name] = ShardedTensor(_copy(value.local), value.global_shape, value.offsets)
-        elif isinstance(value, (list, tuple)) and value and all(
-                isinstance(v, ShardedTensor) for v in value):
-            out[name] = [ShardedTensor(_copy(v.local), v.global_shape, v.offsets) for v in value]
-        else:
-            out[name] = copy.deepcopy(value)
-    return out
+    return map_state(state, _copy, copy.deepcopy)
 
 
 class AsyncCheckpointer:

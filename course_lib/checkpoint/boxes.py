@@ -42,6 +42,28 @@ class ShardedTensor:
         return self.offsets, tuple(self.local.shape)
 
 
+def is_sharded(value):
+    """A state entry of boxes: one ShardedTensor, or a non-empty list of them."""
+    return isinstance(value, ShardedTensor) or (
+        isinstance(value, (list, tuple)) and bool(value)
+        and all(isinstance(v, ShardedTensor) for v in value))
+
+
+def map_state(state, fn, plain=lambda value: value):
+    """``state`` with ``fn(t)`` in place of every tensor, a ShardedTensor's local block
+    included (its box kept), and ``plain(v)`` in place of every plain value."""
+    def entry(value):
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if isinstance(value, ShardedTensor):
+            return ShardedTensor(fn(value.local), value.global_shape, value.offsets)
+        if is_sharded(value):
+            return [entry(v) for v in value]
+        return plain(value)
+
+    return {name: entry(value) for name, value in state.items()}
+
+
 def boxes_of_flat_range(shape, start, length):
     """The boxes (offsets, sizes) covering elements [start, start + length) of a tensor of
     ``shape`` flattened row-major, in that order."""

@@ -26,15 +26,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib.checkpoint.boxes import ShardedTensor
+from course_lib.checkpoint.boxes import ShardedTensor, is_sharded, map_state
 from course_lib.checkpoint.state import state_of
 from course_lib.fsdp import FSDP
-
-
-def _is_boxes(value):
-    return isinstance(value, ShardedTensor) or (
-        isinstance(value, (list, tuple)) and bool(value)
-        and all(isinstance(v, ShardedTensor) for v in value))
 
 
 def _gathered(flat, shard):
@@ -61,7 +55,7 @@ def dense_state(model, optimizer=None):
     if not isinstance(model, FSDP):
         dense = {}
         for name, value in state_of(model, optimizer).items():
-            if _is_boxes(value):
+            if is_sharded(value):
                 raise ValueError(f"{name!r} is sharded (tensor parallel?): dense_state "
                                  f"gathers only our FSDP's shards")
             if isinstance(value, torch.Tensor):
@@ -107,20 +101,8 @@ def save_dense(dense, path, group=None):
 def empty_like_state(state, fill=float("nan")):
     """``state`` with every tensor and ShardedTensor replaced by a new one of the same
     box, filled with ``fill`` (NaN: a box that no load fills compares unequal)."""
-    def like(t):
-        return torch.full_like(t, fill) if t.is_floating_point() else torch.zeros_like(t)
-
-    out = {}
-    for name, value in state.items():
-        if isinstance(value, torch.Tensor):
-            out[name] = like(value)
-        elif isinstance(value, ShardedTensor):
-            out[name] = ShardedTensor(like(value.local), value.global_shape, value.offsets)
-        elif _is_boxes(value):
-            out[name] = [ShardedTensor(like(v.local), v.global_shape, v.offsets) for v in value]
-        else:
-            out[name] = value
-    return out
+    return map_state(state, lambda t: torch.full_like(t, fill) if t.is_floating_point()
+                     else torch.zeros_like(t))
 
 
 def dcp_boxes(path, state, group=None):
@@ -136,7 +118,7 @@ def dcp_boxes(path, state, group=None):
     for name, value in state.items():
         if isinstance(value, torch.Tensor):
             shape, dtype = tuple(value.shape), value.dtype
-        elif _is_boxes(value):
+        elif is_sharded(value):
             pieces = [value] if isinstance(value, ShardedTensor) else list(value)
             shape, dtype = pieces[0].global_shape, pieces[0].local.dtype
         else:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.checkpoint.boxes import ShardedTensor, byte_ranges, overlap
+from course_lib.checkpoint.boxes import ShardedTensor, byte_ranges, is_sharded, overlap
 from course_lib.checkpoint.files import CheckpointError, dtype_of, read_index
 
 
@@ -41,9 +41,7 @@ def load(state, path, group=None, fill=None):
     index = read_index(path)
     read = 0
     for name, value in state.items():
-        if isinstance(value, (torch.Tensor, ShardedTensor)) or (
-                isinstance(value, (list, tuple)) and value
-                and all(isinstance(v, ShardedTensor) for v in value)):
+        if isinstance(value, torch.Tensor) or is_sharded(value):
             read += _load_tensor(path, index, name, value, fill or fill_box)
         elif name in index["values"]:
             state[name] = index["values"][name]

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course_lib.checkpoint.boxes import ShardedTensor
+from course_lib.checkpoint.boxes import ShardedTensor, is_sharded
 from course_lib.checkpoint.files import (COMMITTED, INDEX, CheckpointError, data_file,
                                          is_committed, write_atomically)
 
@@ -50,9 +50,7 @@ def _pieces(name, value, rank):
 
 
 def _is_tensor_entry(value):
-    return isinstance(value, (torch.Tensor, ShardedTensor)) or (
-        isinstance(value, (list, tuple)) and value
-        and all(isinstance(v, ShardedTensor) for v in value))
+    return isinstance(value, torch.Tensor) or is_sharded(value)
 
 
 def refuse_committed(path):

@@ -242,6 +242,14 @@ def launch(exercise, fn, *args, nproc, timeout=60.0, fresh=False, **kwargs):
         raise
 
 
+def answer_value(exercise, call, answer):
+    """The value of one of ``call_each``'s answers, or a failure saying that ``call`` (how
+    the call reads in a message) raised."""
+    if "raised" in answer:
+        raise CheckFailed(f"{exercise}: {call} raised {answer['raised']}: {answer['message']}")
+    return answer["value"]
+
+
 def _describe(tensor, limit=8):
     if not isinstance(tensor, torch.Tensor):
         return repr(tensor)

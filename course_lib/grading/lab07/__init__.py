@@ -31,12 +31,6 @@ __all__ = ["check_all_to_all", "check_merge", "check_ring_forward", "check_dispa
            "check_traffic_prediction", "check_activation_prediction"]
 
 
-def _value(ex, call, answer):
-    if "raised" in answer:
-        raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: {answer['message']}")
-    return answer["value"]
-
-
 # ---- 7.1: all-to-all --------------------------------------------------------------------
 @checks.check(EX_A2A)
 def check_all_to_all(all_to_all, world_sizes=(1, 2, 3)):
@@ -143,7 +137,7 @@ def check_merge(merge):
     answers = yield here(call_each, merge, [((oa.clone(), la.clone(), ob.clone(), lb.clone()),
                                              {}) for _, oa, la, ob, lb, _, _ in cases])
     for (label, out_a, lse_a, out_b, lse_b, out, lse), answer in zip(cases, answers):
-        got = _value(ex, f"merge(...) for {label}", answer)
+        got = checks.answer_value(ex, f"merge(...) for {label}", answer)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise checks.CheckFailed(f"{ex}: merge must return (out, lse); for {label} it "
                                      f"returned {type(got).__name__}")

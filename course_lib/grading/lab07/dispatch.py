@@ -12,12 +12,6 @@ from course_lib.grading.requests import call_each, here
 EX_DISPATCH = "Exercise 7.4"
 
 
-def _value(ex, call, answer):
-    if "raised" in answer:
-        raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: {answer['message']}")
-    return answer["value"]
-
-
 @checks.check(EX_DISPATCH)
 def check_dispatch(dispatch, combine):
     ex = EX_DISPATCH
@@ -28,7 +22,7 @@ def check_dispatch(dispatch, combine):
     for (chosen, experts, ranks, cap), answer in zip(cases, answers):
         call = (f"dispatch(chosen {tuple(chosen.shape)}, n_experts={experts}, "
                 f"n_ranks={ranks}, capacity={cap})")
-        got = _value(ex, call, answer)
+        got = checks.answer_value(ex, call, answer)
         order, counts = references.expected_dispatch(chosen, experts, ranks, cap)
         _grade_dispatch(ex, call, got, chosen, order, counts, experts, ranks, cap)
         inputs.append((chosen, order, *references.combine_inputs(chosen, order, len(inputs))))
@@ -37,7 +31,7 @@ def check_dispatch(dispatch, combine):
                                               for chosen, order, rows, gates in inputs])
     for (chosen, order, rows, gates), answer in zip(inputs, answers):
         call = f"combine(rows {tuple(rows.shape)}, order, gates {tuple(gates.shape)})"
-        got = _value(ex, call, answer)
+        got = checks.answer_value(ex, call, answer)
         want = references.expected_combine(rows, order, gates, chosen.shape[0])
         hint = _combine_mistake(got, rows, order, gates, want)
         checks.expect_close(ex, got, want, rank=0, world_size=1, what=call, hint=hint)

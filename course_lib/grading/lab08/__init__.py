@@ -32,12 +32,6 @@ __all__ = ["check_flat_range_boxes", "check_overlap_and_runs", "check_resharding
            "check_bytes_prediction", "check_interval_prediction"]
 
 
-def _value(ex, call, answer):
-    if "raised" in answer:
-        raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: {answer['message']}")
-    return answer["value"]
-
-
 # ---- 8.1: a flat range as boxes --------------------------------------------------------------
 @checks.check(EX_FLAT)
 def check_flat_range_boxes(boxes_of_flat_range):
@@ -47,7 +41,7 @@ def check_flat_range_boxes(boxes_of_flat_range):
                          [((shape, start, length), {}) for _, shape, start, length in cases])
     for (label, shape, start, length), answer in zip(cases, answers):
         call = f"boxes_of_flat_range({shape}, start={start}, length={length}) ({label})"
-        got = _value(ex, call, answer)
+        got = checks.answer_value(ex, call, answer)
         why = _flat_mistake(got, shape, start, length)
         if why:
             right = references.flat_boxes(shape, start, length)

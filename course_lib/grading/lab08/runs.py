@@ -13,12 +13,6 @@ from course_lib.grading.requests import call_each, here
 EX_RUNS = "Exercise 8.2"
 
 
-def _value(ex, call, answer):
-    if "raised" in answer:
-        raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: {answer['message']}")
-    return answer["value"]
-
-
 @checks.check(EX_RUNS)
 def check_overlap_and_runs(overlap, byte_ranges):
     ex = EX_RUNS
@@ -26,7 +20,7 @@ def check_overlap_and_runs(overlap, byte_ranges):
     answers = yield here(call_each, overlap, [((a, b), {}) for a, b in pairs])
     for (a, b), answer in zip(pairs, answers):
         call = f"overlap({a}, {b})"
-        got = _value(ex, call, answer)
+        got = checks.answer_value(ex, call, answer)
         want = references.overlap_of(a, b)
         why = _overlap_mistake(got, want, len(a[0]))
         if why:
@@ -36,7 +30,7 @@ def check_overlap_and_runs(overlap, byte_ranges):
     answers = yield here(call_each, byte_ranges, [((s, w, size), {}) for s, w, size in reads])
     for (stored, wanted, size), answer in zip(reads, answers):
         call = f"byte_ranges({stored}, {wanted}, element_size={size})"
-        got = _value(ex, call, answer)
+        got = checks.answer_value(ex, call, answer)
         want = references.runs_of(stored, wanted, size)
         why = _runs_mistake(got, want, stored, wanted, size)
         if why:
