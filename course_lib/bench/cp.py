@@ -4,7 +4,10 @@ A step is forward and backward of causal attention on (batch, heads, seq, head_d
 for a fixed upstream gradient:
 
 - **ours**: :func:`course_lib.cp.ring_attention` on this rank's chunk, zigzag and
-  contiguous layouts;
+  contiguous layouts, each piece of a block on a fused kernel of
+  ``scaled_dot_product_attention`` (flash; memory-efficient for float32 on a GPU),
+  through its op that returns the log-sum-exp, by which the pieces merge
+  (:mod:`course_lib.cp.fused`);
 - **torch**: ``torch.distributed.tensor.experimental.context_parallel`` (its ring
   under ``scaled_dot_product_attention``, head-tail load balancing: our zigzag).
   It shards only the fused kernels' ops (flash, memory-efficient, cuDNN: GPU

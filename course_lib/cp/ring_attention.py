@@ -14,13 +14,23 @@ skips a part of the keys it cannot see: half of every other rank's block is skip
 every rank computes the same, (2n+1)/4 of a block's scores (about half of what the
 contiguous layout's slowest rank computes).
 
+Each piece of a block (a part of the queries over a part of the keys, wholly visible or
+the causal diagonal) is one call of a fused attention kernel that returns (o_j, l_j)
+without the score matrix (:mod:`~course_lib.cp.fused`: the kernels under
+``scaled_dot_product_attention``, flash or memory-efficient), merged into the running
+(o, l) with the course's ``merge``. Where no fused kernel fits (float64 on CUDA, or
+``fused.ENABLED = False``), the piece goes through the textbook math of Lab 07,
+:func:`~course_lib.cp.blockwise.attention_with_lse`, with the same result.
+
 Backward is a ring too: the blocks go round again with the gradients of their keys and
 values, each rank adding its queries' share (the softmax's backward needs only the
-saved output and log-sum-exp), and after n passes every block is home with its whole
-gradient. The block goes ahead under the compute as in forward; its gradient follows one
-step behind, under the next block's compute. Half-precision blocks travel as they are,
-while the running output, log-sum-exp and gradients are kept in fp32 (FlashAttention's
-rule). Shapes are ``scaled_dot_product_attention``'s: (batch, heads, local_seq, d)::
+saved output and log-sum-exp: given this rank's global o and l, the fused kernel's
+backward of a piece is exactly that piece's share), and after n passes every block is
+home with its whole gradient. The block goes ahead under the compute as in forward; its
+gradient follows one step behind, under the next block's compute. Half-precision blocks
+travel (and enter the fused kernels) as they are, while the running output, log-sum-exp
+and gradients are kept in fp32 (FlashAttention's rule). Shapes are
+``scaled_dot_product_attention``'s: (batch, heads, local_seq, d)::
 
     out = ring_attention(q_chunk, k_chunk, v_chunk, group=cp_group, layout="zigzag")
 """
@@ -30,37 +40,56 @@ import torch
 import torch.distributed as dist
 
 from course_lib import comm, trace
-from course_lib.cp.blockwise import attention_with_lse, causal_mask, chunk_positions, merge
+from course_lib.cp import fused
+from course_lib.cp.blockwise import attention_with_lse, chunk_positions, merge
 
 
-def _pieces(group, owner, causal, layout, s_local, device):
+def _pieces(group, owner, causal, layout, s_local):
     """The parts of the block of ``owner`` that this rank's queries see: a list of
-    (query rows, key rows, mask or None), rows as slices of the local chunk, empty if
-    no query sees any key. Each layout's chunk is made of equal parts (one for
-    contiguous, two for zigzag), and a part of the queries that sees no key of a part
-    of the keys skips it: under zigzag, a block of another rank is half visible."""
+    (query rows, key rows, diagonal), rows as slices of the local chunk, empty if no
+    query sees any key. Each layout's chunk is made of equal parts (one for contiguous,
+    two for zigzag), each a chunk of the sequence, so under a causal mask a part of the
+    queries sees all of a part of the keys (an earlier chunk), none of it (a later one),
+    or it is the same chunk: the diagonal, where query i sees keys 0..i. Pieces that
+    see all of adjacent parts are one piece: under zigzag, a block of another rank is
+    one rectangle, half of it."""
+    if not causal:
+        return [(slice(0, s_local), slice(0, s_local), False)]
     n, r = dist.get_world_size(group), dist.get_rank(group)
     parts = 1 if layout == "contiguous" else 2
     size = s_local // parts
-    if not causal:
-        return [(slice(0, s_local), slice(0, s_local), None)]
     q_pos = chunk_positions(r, n, n * s_local, layout)
     k_pos = chunk_positions(owner, n, n * s_local, layout)
     pieces = []
     for i in range(parts):
         rows = slice(i * size, (i + 1) * size)
-        seen = [j for j in range(parts)
-                if causal_mask(q_pos[rows], k_pos[j * size:(j + 1) * size]).any()]
-        if not seen:
-            continue
-        # the parts seen are adjacent (the first, the last, or both): one slice of keys
-        cols = slice(seen[0] * size, (seen[-1] + 1) * size)
-        mask = causal_mask(q_pos[rows], k_pos[cols])
-        pieces.append((rows, cols, None if mask.all() else mask.to(device)))
+        for j in range(parts):
+            cols = slice(j * size, (j + 1) * size)
+            first_q, first_k = int(q_pos[i * size]), int(k_pos[j * size])
+            if first_q < first_k:  # a later chunk: no query of this part sees it
+                continue
+            pieces.append((rows, cols, first_q == first_k))
+    return _joined(pieces)
+
+
+def _joined(pieces):
+    """Adjacent whole pieces with the same rows, then with the same keys, as one."""
+    for along in (1, 0):  # keys, then queries
+        out = []
+        for piece in pieces:
+            last = out[-1] if out else None
+            if (last and not last[2] and not piece[2] and last[1 - along] == piece[1 - along]
+                    and last[along].stop == piece[along].start):
+                joined = slice(last[along].start, piece[along].stop)
+                out[-1] = (joined, last[1], False) if along == 0 else (last[0], joined, False)
+            else:
+                out.append(piece)
+        pieces = out
     return pieces
 
 
 def _scores(pieces):
+    """The query-key scores the pieces compute (a diagonal one counts its whole square)."""
     return sum((p[0].stop - p[0].start) * (p[1].stop - p[1].start) for p in pieces)
 
 
@@ -79,24 +108,40 @@ def _accumulator(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _diagonal(q, k):
+    """The textbook math's mask of a diagonal piece: query i sees keys 0..i."""
+    return torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+
+
+def _block_forward(kernel, q, k, v, diagonal, acc):
+    """(o_j, l_j) of one piece in the accumulator's dtype ``acc``: from the fused kernel
+    (the blocks as they are), or from the textbook math (in ``acc``) if ``kernel`` is None."""
+    if kernel is None:
+        o, lse = attention_with_lse(q.to(acc), k.to(acc), v.to(acc),
+                                    _diagonal(q, k) if diagonal else None)
+    else:
+        o, lse = fused.forward(kernel, q, k, v, diagonal)
+    return o.to(acc), lse.to(acc)
+
+
 def ring_forward(q, k, v, group, causal, layout):
     """(output, log-sum-exp) of this rank's queries over the whole sequence, both in
     :func:`_accumulator`'s dtype."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    acc = _accumulator(q.dtype)
-    kv, q = torch.stack([k, v]), q.to(acc)
+    acc, kernel = _accumulator(q.dtype), fused.kernel_for(q)
+    kv = torch.stack([k, v])
     # an empty running result: every query sees at least its own key, so none stays empty
-    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=acc,
-                                               device=q.device)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
     for t in range(n):
         owner = (r - t) % n
         pending = _pass_right(kv, group) if t < n - 1 else None  # under this block's compute
-        pieces = _pieces(group, owner, causal, layout, q.shape[-2], q.device)
+        pieces = _pieces(group, owner, causal, layout, q.shape[-2])
         if pieces:
             with trace.span(f"attention block {owner}", "compute", scores=_scores(pieces)):
-                for rows, cols, mask in pieces:
-                    o, l = attention_with_lse(q[..., rows, :], kv[0][..., cols, :].to(acc),
-                                              kv[1][..., cols, :].to(acc), mask)
+                for rows, cols, diagonal in pieces:
+                    o, l = _block_forward(kernel, q[..., rows, :], kv[0][..., cols, :],
+                                          kv[1][..., cols, :], diagonal, acc)
                     out[..., rows, :], lse[..., rows] = merge(out[..., rows, :], lse[..., rows],
                                                               o, l)
         if pending:
@@ -105,14 +150,25 @@ def ring_forward(q, k, v, group, causal, layout):
     return out, lse
 
 
-def _block_backward(q, kv, lse, grad_out, delta, pieces, dq, dkv, scale):
-    """Add this block's share to dq and to the block's dk, dv (in ``dkv``)."""
-    for rows, cols, mask in pieces:
-        k_b, v_b = kv[0][..., cols, :].to(q.dtype), kv[1][..., cols, :].to(q.dtype)
+def _block_backward(kernel, q, kv, out, lse, grad_out, delta, pieces, dq, dkv):
+    """Add this block's share to dq and to the block's dk, dv (in ``dkv``): from the
+    fused kernel's backward, given the rows' global o and l, or, if ``kernel`` is None,
+    from the textbook math (``delta`` = rowsum(dO O), q and dO in the accumulator's dtype)."""
+    for rows, cols, diagonal in pieces:
+        k_b, v_b = kv[0][..., cols, :], kv[1][..., cols, :]
         q_b, g_b = q[..., rows, :], grad_out[..., rows, :]
+        if kernel is not None:
+            dq_b, dk_b, dv_b = fused.backward(kernel, g_b, q_b, k_b, v_b, out[..., rows, :],
+                                              lse[..., rows], diagonal)
+            dq[..., rows, :] += dq_b
+            dkv[0][..., cols, :] += dk_b
+            dkv[1][..., cols, :] += dv_b
+            continue
+        scale = q.shape[-1] ** -0.5
+        k_b, v_b = k_b.to(q.dtype), v_b.to(q.dtype)
         scores = (q_b @ k_b.transpose(-2, -1)) * scale
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
+        if diagonal:
+            scores = scores.masked_fill(~_diagonal(q_b, k_b), float("-inf"))
         p = torch.exp(scores - lse[..., rows].unsqueeze(-1))
         dkv[1][..., cols, :] += p.transpose(-2, -1) @ g_b
         ds = p * (g_b @ v_b.transpose(-2, -1) - delta[..., rows, :])
@@ -126,22 +182,23 @@ def ring_backward(q, k, v, out, lse, grad_out, group, causal, layout):
     travels ahead under the compute, as in forward; its gradient travels one step
     behind, under the next block's compute, and the last pass brings it home."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    scale = q.shape[-1] ** -0.5
-    acc, dtype = _accumulator(q.dtype), q.dtype
-    q, grad_out = q.to(acc), grad_out.to(acc)
-    delta = (grad_out * out.to(acc)).sum(-1, keepdim=True)
-    dq = torch.zeros_like(q)
+    acc, dtype, kernel = _accumulator(q.dtype), q.dtype, fused.kernel_for(q)
+    delta = None
+    if kernel is None:  # the textbook math runs in the accumulator's dtype
+        q, grad_out = q.to(acc), grad_out.to(acc)
+        delta = (grad_out * out.to(acc)).sum(-1, keepdim=True)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = torch.stack([k, v])
     behind = None  # the gradient of the block about to arrive, on its way
     for t in range(n):
         owner = (r - t) % n
         ahead = _pass_right(kv, group) if t < n - 1 else None
         dkv = torch.zeros_like(kv, dtype=acc)  # the gradients travel in fp32 too
-        pieces = _pieces(group, owner, causal, layout, q.shape[-2], q.device)
+        pieces = _pieces(group, owner, causal, layout, q.shape[-2])
         if pieces:
             with trace.span(f"attention backward block {owner}", "compute",
                             scores=_scores(pieces)):
-                _block_backward(q, kv, lse, grad_out, delta, pieces, dq, dkv, scale)
+                _block_backward(kernel, q, kv, out, lse, grad_out, delta, pieces, dq, dkv)
         if behind is not None:  # what the ranks before this one added to this block
             behind[0].wait()
             dkv += behind[1]

@@ -1,7 +1,8 @@
 """Ring attention under torchrun (gloo) at world sizes 1-3: each rank's output and the
 gradients of its q, k, v chunk equal dense attention on the whole sequence (float64),
 causal and not, contiguous and zigzag; the k/v blocks travel the ring; in bf16 as close
-to exact as torch's own kernel."""
+to exact as torch's own kernel; on the CPU every block runs on the fused flash kernel,
+and the textbook fallback equals dense too."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,3 +91,71 @@ def test_half_precision_sums_in_fp32_as_close_as_torch_s_own_kernel():
         for got, want, base in zip(tensors, exact_all, torch_all):
             want = want.index_select(2, pos)
             assert error(got, want) < 2 * error(base.index_select(2, pos), want) + 2e-3
+
+
+def kernel_job(dtype, layout, fused_on):
+    """Each rank's ring attention on the whole() sequence of 24 in ``dtype``, counting the
+    aten ops it dispatches (forward and backward); ``fused_on`` False forces the textbook
+    fallback."""
+    from collections import Counter
+
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from course_lib.cp import fused
+    from course_lib.cp.ring_attention import ring_attention
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    pos = chunk_positions(dist.get_rank(), dist.get_world_size(), 24, layout)
+    q, k, v, g = (t.index_select(2, pos).to(dtype) for t in whole(24))
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    was, fused.ENABLED = fused.ENABLED, fused_on
+    try:
+        with Count() as count:
+            out = ring_attention(q, k, v, layout=layout)
+            out.backward(g)
+    finally:
+        fused.ENABLED = was
+    return [t.double() for t in (out.detach(), q.grad, k.grad, v.grad)], dict(count.calls)
+
+
+def dense_all(seq):
+    q, k, v, g = (t.clone().requires_grad_() for t in whole(seq))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.backward(g)
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+def test_cpu_blocks_run_on_the_fused_kernel_one_call_per_piece(dtype, atol):
+    # zigzag on 2 ranks: the own block is 3 pieces (two diagonals and the late part of
+    # the queries over the early part of the keys), the other rank's block 1 rectangle
+    want = dense_all(24)
+    for rank, (got, calls) in enumerate(run(kernel_job, dtype, "zigzag", True, nproc=2)):
+        assert calls.get(CPU_FLASH) == 4 and calls.get(CPU_FLASH + "_backward") == 4, calls
+        assert "logsumexp" not in calls and "bmm" not in calls  # no textbook math
+        pos = chunk_positions(rank, 2, 24, "zigzag")
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b.index_select(2, pos), atol=atol)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_the_textbook_fallback_still_equals_dense(layout):
+    want = dense_all(24)
+    for rank, (got, calls) in enumerate(run(kernel_job, torch.float64, layout, False,
+                                            nproc=3)):
+        assert CPU_FLASH not in calls and calls.get("logsumexp", 0) > 0, calls
+        pos = chunk_positions(rank, 3, 24, layout)
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b.index_select(2, pos), atol=1e-10)
