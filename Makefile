@@ -13,7 +13,7 @@ GRADEBOOK ?= grades/gradebook.csv
 GRADE_TIMEOUT ?= 900
 JOBS ?= 1
 
-.PHONY: setup sandbox run test test-slow test-nccl-rules test-gpu test-gpu1 test-browser lab \
+.PHONY: setup sandbox run test test-slow test-nccl-rules test-gpu test-gpu1 test-torch-oldest test-browser lab \
 	labs grade bench clean
 
 setup: $(STAMP)
@@ -40,8 +40,11 @@ run: setup
 		$(if $(filter command line environment,$(origin NPROC)),--nproc $(NPROC)) \
 		--backend $(BACKEND) $(if $(ONLY),--only $(ONLY)) $(if $(OUT),--out $(OUT))
 
+# Every job of the suite sees one GPU in its ranks and kernels (tests/gpu_lookalike: the
+# student's one-GPU machine, where gloo ranks must never touch CUDA); test-nccl-rules runs
+# the same distributed tests and notebooks on plain CPU ranks.
 test: setup sandbox
-	$(BIN)/python -m pytest --durations=15
+	COURSE_LIB_GPU_LOOKALIKE=1 $(BIN)/python -m pytest --durations=15
 
 # the slowest tests (grading the real Lab 00 and a class of 15, launches over and over): CI runs them after `make test`
 test-slow: setup sandbox
@@ -61,6 +64,18 @@ test-gpu1: setup
 	$(BIN)/python -m course_lib.grading.runall --quick --nproc 1 --backend nccl --out runs/gpu1
 	$(BIN)/python -m pytest tests/gpu/test_one_gpu.py -v -rs -p no:cacheprovider
 
+# The oldest torch the course claims (pyproject's range), in a venv of its own: the tests
+# where torch's own APIs pick devices and dispatch (FSDP2's default mesh, the restore after
+# context parallelism), ring attention on torch's fused kernels, and Lab 07. Without a
+# CPU wheel index this downloads torch's CUDA build (GBs):
+#   make test-torch-oldest TORCH_OLDEST="torch==2.11.0 --index-url <CPU wheel index>"
+TORCH_OLDEST ?= torch==2.11.0
+OLDEST_VENV ?= .venv-torch-oldest
+test-torch-oldest:
+	$(MAKE) setup VENV=$(OLDEST_VENV) TORCH_SPEC="$(TORCH_OLDEST)"
+	$(OLDEST_VENV)/bin/python -m pytest tests/test_one_gpu_gloo.py tests/cp tests/bench/test_cp.py \
+		tests/fsdp solutions/07_sequences_experts.ipynb -p no:cacheprovider
+
 # NCCL on real GPUs (each test skips, saying why, where fewer GPUs are visible)
 test-gpu: setup
 	$(BIN)/python -m pytest tests/gpu tests/tp/test_nccl.py tests/hybrid/test_hybrid_nccl.py \
@@ -75,6 +90,50 @@ test-browser: setup
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 		else echo "chromium is missing and we are not root: the browser test will skip"; fi; }
 	$(BIN)/python -m pytest tests/browser -m browser -v -rs -p no:cacheprovider
+
+# make gpu-check: the one command for a machine with one GPU (course_lib/bench/gpucheck.py):
+# every solution notebook at NPROC=1 on NCCL side by side, nbval with the notebooks' own
+# defaults, tests/gpu and the world-1 benchmarks, in about 6 minutes on an H100. It writes
+# reference/<gpu>/summary.json (and timelines/), prints the README's "Where this was
+# tested" row, and exits non-zero if anything failed.
+# A GPU image brings its own CUDA build of torch, and that one must stay (setup's .venv
+# would install a fresh torch). So gpu-setup makes a venv of its own, $(GPU_VENV), with
+# --system-site-packages: the interpreter's torch is seen there and kept, and the image
+# itself is left as it was (installing into the system interpreter in place is refused by
+# Debian's Python, PEP 668, and would change the image). pip installs the course and its
+# other dependencies there under a constraint pinning the torch that is present (pip
+# fails rather than replace it), from the registries or, offline, from a folder of wheels:
+#   make gpu-check WHEELS=/path/to/wheels PYTHON=python3.12 GPU_CHECK_ARGS="--budget-s 0"
+# Where torch is in a venv of its own (--system-site-packages cannot see it), install into
+# that venv in place: make gpu-check GPU_VENV=/path/to/that/venv
+GPU_VENV ?= .venv-gpu
+GPU_BIN := $(GPU_VENV)/bin
+GPU_STAMP := $(GPU_VENV)/.course-installed
+GPU_CHECK_ARGS ?=
+PIP_FROM := $(if $(WHEELS),--no-index --find-links $(WHEELS))
+
+.PHONY: gpu-setup gpu-check
+
+gpu-setup: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml
+	@test -x $(GPU_BIN)/python || { $(PYTHON) -c "import torch" 2>/dev/null || { echo "$(PYTHON) has no torch:" \
+		"make gpu-check keeps the torch of the machine (PYTHON=... names the interpreter that has it;" \
+		"make setup TORCH_SPEC=... installs a fresh one in .venv)"; exit 1; }; \
+		$(PYTHON) -m venv --system-site-packages $(GPU_VENV); }
+	@$(GPU_BIN)/python -c "import torch" 2>/dev/null || { echo "$(GPU_VENV) sees no torch: where torch" \
+		"is in a venv of its own, make gpu-check GPU_VENV=<that venv>"; exit 1; }
+	$(GPU_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(GPU_VENV)/constraints.txt
+	$(GPU_BIN)/python -c "import setuptools as s, sys; sys.exit(tuple(map(int, s.__version__.split('.')[:2])) < (70, 1))" \
+		2>/dev/null || $(GPU_BIN)/python -m pip install --quiet $(PIP_FROM) "setuptools>=70.1"
+	$(GPU_BIN)/python -m pip install --quiet $(PIP_FROM) --no-build-isolation \
+		-c $(GPU_VENV)/constraints.txt -e ".[dev]"
+	$(GPU_BIN)/python -c "import torch; print('torch==' + torch.__version__)" | cmp -s - $(GPU_VENV)/constraints.txt \
+		|| { echo "torch changed in $(GPU_VENV)"; exit 1; }
+	@touch $@
+
+gpu-check: gpu-setup
+	$(GPU_BIN)/python -m course_lib.bench.gpucheck $(GPU_CHECK_ARGS)
 
 lab: setup
 	$(BIN)/jupyter lab labs/

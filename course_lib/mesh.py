@@ -139,7 +139,8 @@ class ParallelDims:
         order as any other group creation (torch creates each dim's groups with
         ``new_group``, which every rank must call). Returns self.
 
-        device_type defaults to "cuda" when the default group runs NCCL, else "cpu"."""
+        device_type defaults to the job's (:func:`~course_lib.runtime.backend.device_mesh`):
+        "cuda" when the default group runs NCCL, else "cpu", whatever GPU the process sees."""
         if self.mesh is not None:
             raise RuntimeError("this ParallelDims is already built; destroy() it first")
         if not dist.is_initialized():
@@ -147,10 +148,13 @@ class ParallelDims:
                                "(run it on the ranks, e.g. inside course_lib.run)")
         self.validate(dist.get_world_size())
         if device_type is None:
-            device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
-        from torch.distributed.device_mesh import init_device_mesh
+            from course_lib.runtime.backend import device_mesh
 
-        self.mesh = init_device_mesh(device_type, self.shape(), mesh_dim_names=DIMS)
+            self.mesh = device_mesh(self.shape(), DIMS)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.mesh = init_device_mesh(device_type, self.shape(), mesh_dim_names=DIMS)
         return self
 
     def _built(self):

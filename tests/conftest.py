@@ -23,6 +23,14 @@ os.environ[SESSION_VAR] = uuid.uuid4().hex
 SESSION_TMP = Path(tempfile.mkdtemp(prefix="course-tests-"))
 os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = None
+# `make test` sets COURSE_LIB_GPU_LOOKALIKE=1: every job, notebook kernel and rank this
+# session starts then sees one GPU (tests/gpu_lookalike), as on a student's one-GPU
+# machine, while real CUDA work raises there; a rank that reaches for the GPU beside
+# its gloo backend fails the test. This process keeps its own view (no GPU).
+if os.environ.get("COURSE_LIB_GPU_LOOKALIKE") == "1":
+    _lookalike = str(Path(__file__).resolve().parent / "gpu_lookalike")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_lookalike, os.environ.get("PYTHONPATH")) if p)
 # Tests run at world sizes 1 to 8, module after module: keep more warm jobs than a kernel
 # needs (3), so that fewer calls pay for a cold start (tests of the limit set their own)
 os.environ.setdefault("COURSE_LIB_WARM_MAX", "6")

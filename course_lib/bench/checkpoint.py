@@ -43,10 +43,11 @@ def _ours(local, shape):
 
 
 def _dcp(local, shape):
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    from course_lib.runtime.backend import device_mesh
+
+    mesh = device_mesh()
     return {k: DTensor.from_local(v, mesh, [Shard(0)], shape=shape, stride=(shape[1], 1))
             for k, v in local.items()}
 

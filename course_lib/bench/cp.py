@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from course_lib import trace
 from course_lib.cp.blockwise import causal_mask, chunk_positions
 from course_lib.cp.ring_attention import ring_attention
-from course_lib.runtime.backend import current_device
+from course_lib.runtime.backend import backend_for, current_device, device_mesh
 from course_lib.runtime.device import sync
 
 VARIANTS = ("zigzag", "contiguous", "torch", "dense")
@@ -66,6 +67,26 @@ def _ring_step(q, k, v, g, group, layout):
     return out.detach(), q.grad, k.grad, v.grad
 
 
+@contextmanager
+def sdpa_restored():
+    """Put torch's attention dispatch back as it was on the way out, even when the body
+    raises. ``context_parallel`` swaps ``F.scaled_dot_product_attention`` for its ring
+    and registers DTensor handlers; torch 2.11 leaves them in place when the body
+    raises (as it does on CPU ranks, which have no sharding rule for the CPU flash
+    kernel), and every later dense attention of the process then goes through the
+    ring's dispatch and fails."""
+    from torch.distributed.tensor import DTensor
+
+    sdpa = F.scaled_dot_product_attention
+    dispatcher = DTensor._op_dispatcher
+    handlers = dict(dispatcher._custom_op_handlers)
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
+        dispatcher._custom_op_handlers = handlers
+
+
 def _torch_steps(mesh, whole, steps):
     """``steps`` steps under torch's context parallelism, which shards its buffers in
     place on entry (one entry per round: the sharding is not the attention's cost)."""
@@ -73,8 +94,8 @@ def _torch_steps(mesh, whole, steps):
 
     buffers = [t.clone() for t in whole]
     got = None
-    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4,
-                          no_restore_buffers=set(buffers)):
+    with sdpa_restored(), context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4,
+                                           no_restore_buffers=set(buffers)):
         for _ in range(steps):
             q, k, v = (t.detach().requires_grad_() for t in buffers[:3])
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -113,8 +134,6 @@ def _all_max(values, group, device):
 def measure(batch=1, heads=8, seq=1024, head_dim=32, steps=2, rounds=5, seed=0, group=None):
     """{"step_s": {variant: s}, "max_diff": {variant: vs dense}, "torch_error": str or
     None, "shape": {...}} (run it on every rank; every rank returns the same)."""
-    from torch.distributed.device_mesh import DeviceMesh
-
     group = group or dist.group.WORLD
     n, r = dist.get_world_size(group), dist.get_rank(group)
     device = current_device()
@@ -128,7 +147,7 @@ def measure(batch=1, heads=8, seq=1024, head_dim=32, steps=2, rounds=5, seed=0, 
         diffs[layout] = _max_diff(_ring_step(*local, group, layout), want, positions)
         steps_fns[layout] = (lambda k, local=local, layout=layout:
                              [_ring_step(*local, group, layout) for _ in range(k)])
-    mesh = DeviceMesh(device.type, dist.get_process_group_ranks(group))
+    mesh = device_mesh(group=group)
     torch_error = None
     try:  # the head-tail layout when the sequence cuts into 2n chunks, else contiguous
         balanced = "zigzag" if seq % (2 * n) == 0 else "contiguous"
@@ -194,9 +213,11 @@ def block_work(spans_trace):
 
 def imbalance(nproc=4, batch=1, heads=4, seq=1024, head_dim=32, backend="auto", timeout=600):
     """{layout: per-rank rows of :func:`block_work`} for causal ring attention under
-    the contiguous and the zigzag layouts (run from the notebook side)."""
+    the contiguous and the zigzag layouts (run from the notebook side; on gloo where
+    the node has fewer GPUs than ``nproc``, :func:`~course_lib.runtime.backend.backend_for`)."""
     from course_lib.runtime.launcher import run
 
+    backend = backend_for(nproc, backend)
     return {layout: block_work(run(traced_step, batch, heads, seq, head_dim, layout,
                                    nproc=nproc, backend=backend, timeout=timeout).trace)
             for layout in ("contiguous", "zigzag")}
@@ -233,14 +254,15 @@ def memory(cps=(1, 2, 4), batch=1, seq=4096, dim=256, heads=8, layout="zigzag",
            backend="auto", timeout=600):
     """Rows {"cp", "measured" (per rank, the largest), "formula", "dense_fused",
     "dense_math" (each measured, with its formula under "..._formula")}: one layer's
-    activations per rank (run from the notebook side; forward only)."""
+    activations per rank (run from the notebook side; forward only; a cp the node has
+    too few GPUs for runs on gloo)."""
     from course_lib.cp.memory import activation_bytes, dense_activation_bytes
     from course_lib.runtime.launcher import run
 
     dense, rows = None, []
     for cp in cps:
         per_rank = run(_memory_job, batch, seq, dim, heads, layout, dense is None, nproc=cp,
-                       backend=backend, timeout=timeout)
+                       backend=backend_for(cp, backend), timeout=timeout)
         if dense is None:
             dense = {k: v for k, v in per_rank[0].items() if k.startswith("dense")}
         rows.append({"cp": cp, "measured": max(p["measured"] for p in per_rank),

@@ -23,7 +23,7 @@ from course_lib.collectives.cost_model import bus_factor
 from course_lib.ddp import DDP
 from course_lib.fsdp import FSDP, ShardedOptimizer, ZeRO2, by_type
 from course_lib.models import GPT, Block, GPTConfig
-from course_lib.runtime.backend import current_device
+from course_lib.runtime.backend import current_device, device_mesh
 from course_lib.runtime.device import sync
 
 
@@ -36,9 +36,12 @@ def _fsdp2(model):
 
     # FSDP2 warns that our GPT returns a view; the loss never modifies it in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    # the job's mesh, given explicitly: fully_shard's default mesh takes the accelerator
+    # the process sees, and sends gloo ranks on a one-GPU machine to cuda:rank
+    mesh = device_mesh()
     for block in model.blocks:
-        fully_shard(block)
-    return fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def variants(zero2=ZeRO2):
@@ -201,8 +204,6 @@ def hybrid_step(cfg=None, batch=4):
     """One step of HYBRID_SHARD on a (replicate=2, shard=world/2) mesh: this rank's
     collective calls and bytes (all-gathers and reduce-scatters stay in its shard
     group; the all-reduce of gradient shards crosses to the other replica)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     from course_lib import comm
 
     cfg = cfg or config()
@@ -210,7 +211,7 @@ def hybrid_step(cfg=None, batch=4):
     if world % 2:
         raise ValueError(f"a 2 x n mesh needs an even world size, got {world}")
     device = current_device()
-    mesh = init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    mesh = device_mesh((2, world // 2), ("replicate", "shard"))
     model = FSDP(GPT(cfg, seed=0).to(device), units=by_type(Block), sharding="hybrid", mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(dist.get_rank())

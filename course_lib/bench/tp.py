@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from course_lib import trace
 from course_lib.models import Block, GPTConfig, init_deterministic
-from course_lib.runtime.backend import current_device
+from course_lib.runtime.backend import current_device, device_mesh
 from course_lib.runtime.device import sync
 from course_lib.tp import parallelize_block
 
@@ -69,14 +69,13 @@ class _LocalHeadsAttention(nn.Module):
 
 def torch_tp_block(dense, group=None):
     """A copy of ``dense`` (a course Block) under DTensor tensor parallelism."""
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    group = group or dist.group.WORLD
     block = copy.deepcopy(dense)
-    block.attn = _LocalHeadsAttention(dense.attn, len(ranks))
-    mesh = DeviceMesh(current_device().type, ranks)
+    block.attn = _LocalHeadsAttention(dense.attn, dist.get_world_size(group))
+    mesh = device_mesh(group=group)
     plan = {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
             "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
     return parallelize_module(block, mesh, plan)

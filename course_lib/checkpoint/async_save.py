@@ -32,6 +32,7 @@ import torch.distributed as dist
 from course_lib.checkpoint.boxes import map_state
 from course_lib.checkpoint.files import CheckpointError, data_file
 from course_lib.checkpoint.save import commit, layout, refuse_committed, write_data
+from course_lib.runtime.device import sync
 
 
 def _copy(tensor):
@@ -64,8 +65,7 @@ class AsyncCheckpointer:
         # a data file left by a save that died must not pass for this one's
         (path / data_file(rank)).unlink(missing_ok=True)
         tensors, described, values = layout(snapshot(state), path, rank)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # the pinned copies are complete before the thread reads
+        sync()  # the pinned copies are complete before the thread reads (nothing on CPU ranks)
         everyone = [None] * world
         dist.all_gather_object(everyone, described, group=group)  # also: stale files gone
         self._thread = threading.Thread(target=self._write, daemon=True, name="checkpoint",

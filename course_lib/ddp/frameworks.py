@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from course_lib.data import regression_batch
 from course_lib.models import deep_mlp
+from course_lib.runtime.backend import current_device
 
 PER_RANK, LR = 8, 0.1
 
@@ -47,8 +48,7 @@ def our_losses(steps=5):
     """Per-step training loss (mean over ranks) of our DDP, SGD on a deep MLP."""
     from course_lib.ddp.bucketed import DDP
 
-    on_gpu = _accelerator() == "gpu"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    device = current_device()
     model = DDP(deep_mlp(32, 2, seed=0).to(device))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     x, y = (t.to(device) for t in _shard())

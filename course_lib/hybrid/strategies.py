@@ -202,14 +202,12 @@ def pipeline_run(name, dims, ddp, stage, opt, plan, cfg, dp, holds_loss, stage_s
 
 
 def _dp_fsdp(cfg, dp, inner, seed, lr, collectives, **_):
-    from torch.distributed.device_mesh import init_device_mesh
-
     from course_lib.fsdp import FSDP, by_type
+    from course_lib.runtime.backend import device_mesh
 
     # the replica/shard mesh is the (dp, tp) grid with the inner dim renamed
     dims = ParallelDims(dp=dp, tp=inner).build()
-    device_type = "cuda" if current_device().type == "cuda" else "cpu"
-    mesh = init_device_mesh(device_type, (dp, inner), mesh_dim_names=("replicate", "shard"))
+    mesh = device_mesh((dp, inner), ("replicate", "shard"))
     model = FSDP(GPT(cfg, seed).to(current_device()), units=by_type(Block), sharding="hybrid",
                  mesh=mesh, collectives=collectives)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)

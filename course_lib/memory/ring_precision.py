@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.collectives import ring
+from course_lib.runtime.backend import current_device
 
 
 def gradient_like(rank, numel, seed=0, shared=0.5):
@@ -42,8 +43,7 @@ def ring_drift(sizes=(2, 3, 4, 6, 8), numel=1 << 15, seed=0):
     world, rank = dist.get_world_size(), dist.get_rank()
     if max(sizes) > world:
         raise ValueError(f"sizes {sizes} need {max(sizes)} ranks; the job has {world}")
-    device = torch.device("cuda", torch.cuda.current_device()) if (
-        dist.get_backend() == "nccl") else torch.device("cpu")
+    device = current_device()
     mine = gradient_like(rank, numel, seed)
     out = {}
     for k in sizes:

@@ -12,12 +12,12 @@
 - :mod:`~course_lib.runtime.device`: ``sync()``; helper threads on the rank's GPU
 - :mod:`~course_lib.runtime.magic`: the ``%%torchrun`` cell magic
 """
-from course_lib.runtime.backend import (backend_for, current_device, enough_ranks,
+from course_lib.runtime.backend import (backend_for, current_device, device_mesh, enough_ranks,
                                         init_distributed, resolve_backend)
 from course_lib.runtime.device import set_thread_device, sync
 from course_lib.runtime.launcher import (LaunchError, LaunchTimeout, Results, run, run_cell,
                                          run_script, shutdown)
 
 __all__ = ["run", "run_cell", "run_script", "Results", "LaunchError", "LaunchTimeout",
-           "shutdown", "current_device", "backend_for", "enough_ranks", "init_distributed",
+           "shutdown", "current_device", "device_mesh", "backend_for", "enough_ranks", "init_distributed",
            "resolve_backend", "sync", "set_thread_device"]

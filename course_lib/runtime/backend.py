@@ -60,10 +60,38 @@ def resolve_backend(backend, nproc):
 
 
 def current_device():
-    """The device this rank computes on: ``cuda:LOCAL_RANK`` under NCCL, else CPU."""
+    """The device this rank computes on: ``cuda:LOCAL_RANK`` under NCCL, else CPU.
+
+    The one place a rank's device is decided, from the job's backend and never
+    from the accelerator the process happens to see: two gloo ranks on a laptop
+    with one GPU (the most common student GPU) compute on the CPU."""
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
+
+
+def device_mesh(shape=None, names=None, group=None):
+    """A ``DeviceMesh`` on this rank's device type (:func:`current_device`).
+
+    ``shape`` and ``names``: a mesh over the whole world (``init_device_mesh``);
+    ``group``: a 1-D mesh over that group's ranks. torch's own default meshes
+    (``fully_shard`` without ``mesh=``, ``init_device_mesh("cuda", ...)`` in
+    examples) take the accelerator the process sees, so gloo ranks on a machine
+    with one GPU would all reach for ``cuda:rank``: every mesh of the course is
+    made here instead and handed over explicitly::
+
+        fully_shard(block, mesh=device_mesh())
+        dims = device_mesh((2, 2), ("dp", "tp"))
+    """
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    kind = current_device().type
+    if group is not None:
+        if shape is not None:
+            raise ValueError("give a group or a shape, not both")
+        return DeviceMesh(kind, dist.get_process_group_ranks(group))
+    shape = (dist.get_world_size(),) if shape is None else tuple(shape)
+    return init_device_mesh(kind, shape, mesh_dim_names=None if names is None else tuple(names))
 
 
 def backend_for(nproc, backend):

@@ -87,6 +87,12 @@ class Job:
             env[nccl_rules.ENV] = "1"
         env[procs.MARKER] = self.id
         env["COURSE_BACKEND"] = self.backend
+        if self.backend == "gloo":
+            # gloo ranks compute on the CPU (backend.current_device). Hiding the GPUs keeps
+            # torch's own defaults from reaching for one the job does not own (an optimizer's
+            # graph-capture check, Lightning's "auto"): on a one-GPU laptop every rank would
+            # otherwise open a CUDA context of its own on the shared GPU.
+            env["CUDA_VISIBLE_DEVICES"] = ""
         env["PYTHONUNBUFFERED"] = "1"
         # torchrun's and the ranks' temporary files live and die with the job folder
         env["TMPDIR"] = str(self.dir)
