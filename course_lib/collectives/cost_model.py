@@ -54,6 +54,17 @@ def busbw(op, nbytes, seconds, nranks):
     return algbw(nbytes, seconds) * bus_factor(op, nranks)
 
 
+def all_reduce_bytes_sent(algorithm, nbytes, k, rank):
+    """Bytes ``rank`` sends in one all-reduce of ``nbytes`` on ``k`` ranks: the naive
+    (reduce to rank 0, then broadcast) root sends (K-1)N and every other rank N; a ring
+    rank sends 2(K-1)N/K (its reduce-scatter and all-gather each pass K-1 chunks)."""
+    if k == 1:
+        return 0
+    if algorithm == "naive":
+        return (k - 1) * nbytes if rank == 0 else nbytes
+    return 2 * (k - 1) * nbytes / k
+
+
 def naive_all_reduce_time(nbytes, k, alpha, bandwidth):
     """Gather to a root and send back: the root's link carries 2(K-1) full messages."""
     return 2 * (k - 1) * (alpha + nbytes / bandwidth)

@@ -37,7 +37,8 @@ import threading
 import cloudpickle
 import torch
 
-from course_lib.grading import ids, plain
+from course_lib.grading import ids
+from course_lib.submission import plain
 from course_lib.grading.requests import (Request, execute, inspect_objects, interpret,
                                          not_implemented)
 from course_lib.grading.stubs import is_stub

@@ -40,7 +40,8 @@ RUN_TIME_NAMES = {"getattr": 1, "builtins.getattr": 1, "importlib.import_module"
 PROTECTED_ROOTS = ("course_lib", "torch", "sys", "builtins", "importlib")
 GRADER_MODULES = ("course_lib.grading.integrity", "course_lib.grading.gradebook",
                   "course_lib.grading.submissions", "course_lib.grading.judge",
-                  "course_lib.grading.sandbox", "course_lib.grading.collector",
+                  "course_lib.grading.sandbox", "course_lib.submission.collector",
+                  "course_lib.submission.calls",
                   "course_lib.grading.requests", "course_lib.grading.source")
 
 

@@ -15,6 +15,7 @@ REFERENCES = {
     "Exercise 1.4": ("course_lib.collectives.ring:all_reduce",
                      "course_lib.collectives.ring:_all_reduce"),
     "Exercise 1.5": ("course_lib.collectives.rooted:pipelined_broadcast",),
+    "Prediction 1.1": ("course_lib.collectives.cost_model:all_reduce_bytes_sent",),
     "Prediction 1.2": ("course_lib.collectives.cost_model:ring_all_reduce_time",),
     "Exercise 2.1": ("course_lib.ddp.naive:NaiveDDP", "course_lib.ddp.naive:FlatDDP"),
     "Exercise 2.2": ("course_lib.ddp.buckets:assign_buckets",),

@@ -1,13 +1,15 @@
 """Where a submission's code runs when the gradebook grades it: a bubblewrap sandbox.
 
-:class:`Sandbox` starts :mod:`course_lib.grading.collector` (the student's side)
+:class:`Sandbox` starts :mod:`course_lib.submission.collector` (the student's side)
 inside Debian's ``bwrap`` with:
 
 - a filesystem of its own: the system's programs and libraries, Python, the
-  virtual environment and ``course_lib`` itself, all read-only; the rest of the
-  course (solutions, tests, git history), the other submissions and the
-  gradebook are not there at all; a private ``/tmp``; one writable folder, this
-  notebook's output folder;
+  virtual environment and ``course_lib`` itself, all read-only, except the grader:
+  ``course_lib/grading/`` is not there, :mod:`course_lib.submission.grading` (a
+  stand-in holding nothing of it) is mounted in its place; the rest of the course
+  (solutions, tests, git history), the other submissions and the gradebook are not
+  there at all; a private ``/tmp``; one writable folder, this notebook's output
+  folder;
 - new user, pid, network (loopback only: the ranks' gloo traffic), IPC and UTS
   namespaces, a new session, and death with the grader;
 - limits on address space and file size (set by the collector before any student
@@ -42,8 +44,15 @@ from pathlib import Path
 import cloudpickle
 import psutil
 
-from course_lib.grading.collector import HEADER, write_message
+import course_lib.grading
 from course_lib.runtime import procs
+from course_lib.submission.collector import HEADER, write_message
+
+# What the judge sends travels by value: a check's harness, the grader's own function,
+# is rebuilt in the sandbox from its code, where no course_lib.grading exists to look
+# it up by name (and nothing the student's code replaced there could be found instead).
+cloudpickle.register_pickle_by_value(course_lib.grading)
+COLLECTOR = "course_lib.submission.collector"
 
 RUN_MARKER = "COURSE_LIB_GRADING_RUN"
 MAX_REPLY = 1 << 31
@@ -111,6 +120,9 @@ def _bwrap_command(workdir, env):
             command += ["--symlink", os.readlink(path), path]
         else:
             command += ["--ro-bind", path, path]
+    # the grader is not in the sandbox: its folder shows the stand-in instead
+    package = Path(course_lib.grading.__file__).resolve().parent
+    command += ["--ro-bind", str(package.parent / "submission" / "grading"), str(package)]
     command += ["--dir", "/tmp/mpl", "--dir", "/tmp/home"]
     fonts = _font_cache()
     if fonts is not None:  # without it matplotlib rebuilds its font list: seconds per notebook
@@ -158,13 +170,13 @@ class Sandbox:
             env.update(HOME="/tmp/home", TMPDIR="/tmp", MPLCONFIGDIR="/tmp/mpl",
                        IPYTHONDIR="/tmp/ipython", GLOO_SOCKET_IFNAME="lo")
             command = _bwrap_command(self.workdir, env) + [
-                sys.executable, "-m", "course_lib.grading.collector"]
+                sys.executable, "-m", COLLECTOR]
             popen_env = None
         else:
             home = self.workdir / ".home"
             home.mkdir(exist_ok=True)
             env.update(HOME=str(home), IPYTHONDIR=str(home / "ipython"))
-            command = [sys.executable, "-m", "course_lib.grading.collector"]
+            command = [sys.executable, "-m", COLLECTOR]
             popen_env = {**os.environ, **env}
         self.stderr = open(self.workdir / "sandbox.err", "wb")
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -228,7 +240,7 @@ class Sandbox:
         """SIGINT to the collector (a cell or request that outlives its time)."""
         for proc in self._processes():
             try:
-                if "course_lib.grading.collector" in " ".join(proc.cmdline()):
+                if COLLECTOR in " ".join(proc.cmdline()):
                     proc.send_signal(signal.SIGINT)
             except psutil.Error:
                 continue

@@ -7,7 +7,7 @@ import numpy
 import pytest
 import torch
 
-from course_lib.grading import plain
+from course_lib.submission import plain
 
 
 def test_every_plain_kind_comes_back_equal_and_of_the_exact_type():

@@ -126,3 +126,43 @@ def test_the_fallback_can_be_asked_for(monkeypatch):
         with pytest.raises(RuntimeError, match="install Debian's bubblewrap"):
             sandboxing.sandbox_available()
     assert os.environ["COURSE_LIB_SANDBOX"] == "1"
+
+
+LOOKS_FOR_THE_GRADER = '''
+import importlib, pathlib
+import course_lib
+from course_lib.grading import checks, lab00, lab01
+grading = pathlib.Path(course_lib.__file__).parent / "grading"
+print("files", sorted(p.name for p in grading.rglob("*") if "__pycache__" not in p.parts))
+for name in ("course_lib.grading.lab00", "course_lib.grading.lab01.predictions",
+             "course_lib.grading.requests", "course_lib.grading.references"):
+    try:
+        importlib.import_module(name)
+        print("imported", name)
+    except ImportError as exc:
+        print("absent", name)
+try:
+    lab00.shift_job
+except AttributeError as exc:
+    print("attribute:", exc)
+print("ready", checks.ready("Exercise 0.3"))
+'''
+
+
+@NEEDS_BWRAP
+def test_nothing_of_the_grader_is_in_the_sandbox(tmp_path):
+    """Door 2 by construction: course_lib/grading/ holds the stand-in only; what a lab's
+    setup cell imports still imports, and the judge's verdicts reach checks.ready."""
+    box = Sandbox(tmp_path / "work")
+    try:
+        reply = box.ask({"op": "cell", "source": LOOKS_FOR_THE_GRADER}, 120)
+        text = "".join(o["text"] for o in reply["outputs"] if o.get("name") == "stdout")
+        assert reply["status"] == "ok", reply
+        assert eval(text.split("files ")[1].splitlines()[0]) == ["__init__.py", "checks.py"]
+        assert "imported" not in text and text.count("absent") == 4, text
+        assert "is not in a graded submission's sandbox" in text
+        box.ask({"op": "outcome", "exercise": "Exercise 0.3", "state": "failed"}, 30)
+        reply = box.ask({"op": "cell", "source": "print(checks.ready('Exercise 0.3'))"}, 30)
+        assert "did not pass" in reply["outputs"][0]["text"] and "False" in reply["outputs"][0]["text"]
+    finally:
+        box.close()

@@ -55,7 +55,7 @@ def groups_job(build_groups, shapes):
 def meshes(choose_mesh, cases):
     """``choose_mesh(...)`` for each case, its value tagged: a Mesh as ("M", dp, tp, pp),
     other plain data as ("P", value), anything else as ("S", its repr)."""
-    from course_lib.grading import plain
+    from course_lib.submission import plain
     from course_lib.hybrid.plan import Mesh
 
     answers = call_each(choose_mesh, [(case, {}) for case in cases])

@@ -1,12 +1,16 @@
 """The student's side of grading: one submission's cells and requests, in a sandbox.
 
-``python -m course_lib.grading.collector`` is what the gradebook's judge starts
-inside the sandbox (:mod:`course_lib.grading.sandbox`). It runs the submission's
-code cells in an IPython shell, one at a time as the judge sends them, and
-answers the judge's requests (:mod:`course_lib.grading.requests`) by running
-the grader's harness with the student's objects, on real ranks or here. It
-never compares anything: what it sends back is plain data, and the judge,
-which never runs student code, decides.
+``python -m course_lib.submission.collector`` is what the gradebook's judge starts
+inside the sandbox (:mod:`course_lib.grading.sandbox`), where ``course_lib.grading``
+is not there: in its place the sandbox holds :mod:`course_lib.submission.grading`, a
+stand-in with nothing of the grader. This small fixed program runs the submission's
+code cells in an IPython shell, one at a time as the judge sends them, and answers
+the judge's requests (:mod:`course_lib.submission.calls`) by running the harness the
+judge sent *by value* with the student's objects, on real ranks or here. It holds no
+expected value and compares nothing: what it sends back is plain data, and the
+judge, which never runs student code, decides. What it runs a request with (``bind``
+and ``execute``) it takes before any student code runs, so a cell that replaces them
+by name changes nothing.
 
 The protocol runs over this process's original stdin and stdout, moved to
 private descriptors at start-up; what the student's code prints (on fd 1 and 2)
@@ -15,7 +19,6 @@ is a 4-byte length and a body: the judge's are pickles (the judge is trusted),
 this process's are JSON (read by the judge as data only).
 
     judge -> {"op": "cell", "source": ...}                       -> {"status", "error", "outputs"}
-    judge -> {"op": "inspect", "exercise": ..., "names": [...]}  -> {"missing", "stub", "references"}
     judge -> {"op": "request", "exercise": ..., "request": Request} -> an outcome
     judge -> {"op": "outcome", "exercise": ..., "state": "passed"|"failed"}
     judge -> {"op": "define", "name": ..., "value": ...}   (tests: a student's object, pickled)
@@ -77,7 +80,8 @@ def _limit_resources():
 
 
 class Collector:
-    def __init__(self, full):
+    def __init__(self, full, bind, execute):
+        self._bind, self._execute = bind, execute
         from IPython.core.interactiveshell import InteractiveShell
         from traitlets.config import Config
 
@@ -113,31 +117,19 @@ class Collector:
             reply["error"] = {"ename": type(error).__name__, "evalue": _clip(str(error), 2000)}
         return reply
 
-    def inspect(self, exercise, names):
-        from course_lib.grading.requests import inspect_objects
-
-        namespace = self.shell.user_ns
-        missing = [name for name in names if name not in namespace]
-        if missing:
-            return {"missing": missing[0]}
-        try:
-            return inspect_objects(exercise, [namespace[name] for name in names])
-        except Exception as exc:  # noqa: BLE001 - an object the inspection cannot read
-            return {"unreadable": f"{type(exc).__name__}: {exc}"[:300]}
-
     def request(self, request):
-        from course_lib.grading.requests import bind, execute
-
         try:
-            bound = bind(request, self.shell.user_ns)
+            bound = self._bind(request, self.shell.user_ns)
         except NameError as exc:
             return {"missing": str(exc)}
-        return execute(bound)
+        return self._execute(bound)
 
     def outcome(self, exercise, state):
-        from course_lib.grading import checks
+        """Tell the notebook's ``checks.ready`` how the judge decided (a demo cell may
+        skip code whose check failed)."""
+        import importlib
 
-        checks._record(exercise, state)
+        importlib.import_module("course_lib.grading.checks")._record(exercise, state)
         return {"ok": True}
 
 
@@ -160,7 +152,9 @@ def main():
     # the judge stops a cell that outlives its time with SIGINT; a process started from a
     # background job (make in CI, nohup) inherits SIGINT ignored, so say what it does here
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    collector = Collector(full=os.environ.get("COURSE_LIB_COLLECTOR_FULL") == "1")
+    from course_lib.submission.calls import bind, execute
+
+    collector = Collector(os.environ.get("COURSE_LIB_COLLECTOR_FULL") == "1", bind, execute)
     write_message(replies_fd, json.dumps({"ready": True}).encode())
     while True:
         body = read_message(requests_fd)
@@ -173,8 +167,6 @@ def main():
         try:
             if op == "cell":
                 reply = collector.cell(message["source"])
-            elif op == "inspect":
-                reply = collector.inspect(message["exercise"], message["names"])
             elif op == "request":
                 reply = collector.request(message["request"])
             elif op == "outcome":

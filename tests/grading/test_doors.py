@@ -1,0 +1,119 @@
+"""The doors through which an informed student (one who has read course_lib/grading/,
+which every student has in their own copy) could be credited without the work, each
+closed by construction and shown closed through the gradebook with tamperings that
+passed before:
+
+1. The harness ran in the student's process, found by name: a job replaced by name
+   there was the one shipped to the ranks. Now the judge sends each harness by value,
+   and the collector holds what runs a request from before the first student cell.
+2. The answers were reachable: course_lib/grading/ (inputs, formulas, references) could
+   be imported and read in the sandbox. Now the sandbox mounts a stand-in there.
+
+Each tampering below writes what a student who read the grader would write; before
+this construction each was credited (1 and 2a silently, 2b with a flag for eval).
+"""
+import csv
+
+import pytest
+
+from course_lib.grading import gradebook as grade
+from course_lib.grading.sandbox import bwrap_works
+from mini_lab import SHARD_BOUNDS, edited, mini_solution, put, write_course
+
+pytestmark = [pytest.mark.slow, pytest.mark.notebook,
+              pytest.mark.skipif(not bwrap_works(),
+                                 reason="needs bwrap (Debian's bubblewrap)")]
+
+STUB_SHIFT = 'def ring_shift(x):\n    raise NotImplementedError("Exercise 0.3: ring shift")'
+# door 1a: the check's rank job, replaced by name with one that forges the report
+# (the input pattern and the counts it checks are in course_lib/grading/lab00)
+REPLACES_THE_JOB = '''import course_lib.grading.lab00 as grader
+
+def forged(ring_shift, numel):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    left = torch.full((numel,), float((rank - 1) % world)) + torch.arange(numel) * 1e-3
+    return left, {"sent_messages": 1, "recv_messages": 1}
+
+grader.shift_job = forged'''
+# door 1b: what runs a request on the student's side, replaced by name with a forger
+REPLACES_THE_RUNNER = '''import sys
+import course_lib.submission.calls as calls
+from course_lib.submission import plain
+
+def forged_execute(request, keep=None):
+    if request.kind != "ranks":
+        return {"ok": plain.encode({})}
+    numel, world = request.args[1], request.nproc
+    out = [(torch.full((numel,), float((r - 1) % world)) + torch.arange(numel) * 1e-3,
+            {"sent_messages": 1, "recv_messages": 1}) for r in range(world)]
+    return {"ok": plain.encode(out)}
+
+calls.execute = forged_execute
+sys.modules["__main__"].execute = forged_execute'''
+# door 2a: the check's own input pattern, imported on the ranks (one token message each
+# way keeps the counts right)
+IMPORTS_THE_INPUTS = '''def ring_shift(x):
+    from course_lib.grading.lab00 import _shift_input
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm.exchange(sends=[(x[:1].clone(), (rank + 1) % world)],
+                  recvs=[(torch.empty(1), (rank - 1) % world)])
+    return _shift_input((rank - 1) % world, x.numel())'''
+# door 2b: the check's formula, read from its source file
+READS_THE_FORMULA = '''import pathlib, re
+import course_lib
+_check = (pathlib.Path(course_lib.__file__).parent / "grading" / "lab03.py").read_text()
+_padded = re.search(r"padded = (.+)", _check.split("def check_shard_bounds")[1]).group(1)
+
+def shard_bounds(numel, rank, world):
+    padded = eval(_padded)
+    size = padded // world
+    return rank * size, (rank + 1) * size, padded'''
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("doors")
+    solutions, lab = write_course(root)
+    solution = mini_solution()
+    subs = root / "submissions"
+    notebooks = {
+        "solved": solution,
+        "door1_job": edited(solution, ring_shift=STUB_SHIFT, after={"setup": REPLACES_THE_JOB}),
+        "door1_runner": edited(solution, ring_shift=STUB_SHIFT,
+                               after={"setup": REPLACES_THE_RUNNER}),
+        "door2_inputs": edited(solution, ring_shift=IMPORTS_THE_INPUTS),
+        "door2_formula": edited(solution, shard_bounds=READS_THE_FORMULA),
+    }
+    for student, nb in notebooks.items():
+        put(subs / student / "00_mini.ipynb", nb)
+    out = root / "grades" / "gradebook.csv"
+    assert grade.main([str(subs), "--solutions", str(solutions), "--out", str(out),
+                       "--timeout", "150", "--cell-timeout", "25", "--jobs", "2"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(out.open())}
+    details = {(d["student"], d["exercise"]): d
+               for d in csv.DictReader(out.with_name("gradebook.details.csv").open())}
+    return rows, details
+
+
+def scores(row):
+    return tuple(int(row[ex]) for ex in ("Exercise 0.2", "Exercise 0.3", "Exercise 3.3"))
+
+
+def test_the_solution_keeps_full_marks(graded):
+    rows, _ = graded
+    assert scores(rows["solved"]) == (1, 1, 1) and rows["solved"]["flags"] == ""
+
+
+def test_door_1_a_job_or_the_runner_replaced_by_name_is_not_what_runs(graded):
+    rows, details = graded
+    for student in ("door1_job", "door1_runner"):
+        assert scores(rows[student]) == (1, 0, 1), (student, rows[student])
+        assert "not implemented" in details[(student, "Exercise 0.3")]["message"]
+
+
+def test_door_2_the_graders_inputs_and_formulas_are_not_in_the_sandbox(graded):
+    rows, details = graded
+    assert scores(rows["door2_inputs"]) == (1, 0, 1), rows["door2_inputs"]
+    assert "course_lib.grading.lab00" in details[("door2_inputs", "Exercise 0.3")]["message"]
+    assert scores(rows["door2_formula"]) == (1, 1, 0), rows["door2_formula"]
+    assert "does not define 'shard_bounds'" in details[("door2_formula", "Exercise 3.3")]["message"]
