@@ -1,0 +1,599 @@
+"""``make gpu-check``: the one command for a machine with one GPU.
+
+    python -m course_lib.bench.gpucheck                        # NCCL, world 1, reference/<gpu>/
+    python -m course_lib.bench.gpucheck --backend gloo --nproc 1 --out reference/cpu-rehearsal
+    python -m course_lib.bench.gpucheck --only 00,launch       # a subset (tests)
+
+What it runs, each step in processes of its own:
+
+1. ``notebooks``: every solution notebook, quick setting, ``NPROC=--nproc``,
+   ``BACKEND=--backend``, with papermill, one process per notebook
+   (:func:`course_lib.grading.runall.notebook_task`), ``--parallel`` at once
+   (default: all of them on a GPU machine, 2 on a CPU one).
+2. ``nbval``: ``pytest <notebook>`` (nbval, the notebooks' own defaults) one process
+   per notebook, as ``pytest -n K --dist loadfile`` would (pytest-xdist is not a
+   dependency of the course), ``--nbval-workers`` at once (default ``--parallel``).
+3. ``tests_gpu``: ``pytest tests/gpu`` (its tests skip where no GPU is seen).
+4. ``benchmarks``: ``python -m course_lib.bench cp|fsdp|ep|ddp|checkpoint|launch`` one
+   at a time, each with ``--json``: the numbers the bench's functions returned are kept
+   in the summary with the ratios they give (:data:`course_lib.bench.reference.FIGURES`).
+
+What runs beside what: steps 1, 2 and 3 start together. On a GPU, the notebooks use
+the GPU (NCCL, world 1) and nbval mostly the CPU cores (the defaults ask for 2-4 ranks,
+which run on gloo with one GPU). The GPU-bound benchmarks (cp, fsdp, ep) start when the
+notebooks and tests/gpu are done, while nbval may still run; the ones whose times are
+set by the CPU or the launch path (ddp's 4 ms steps, checkpoint on 4 gloo ranks, launch)
+wait for nbval as well. One H100 (16 cores) took 75-177 s per notebook side by side and
+245 s for nbval on 9 workers (2026-11-27, run one after the other, not yet together);
+the benchmarks should take about 1.5 minutes (:data:`BENCH_ESTIMATE_S`). On a GPU the
+whole is held to ``--budget-s`` (360 s; 0: no limit): each step's timeout is cut so that
+the benchmarks after it still fit (the notebooks end by 360 - 90 s, nbval by 360 - 40 s),
+and a step that would get under 10 s is not started (and counts as failed). With gloo
+(the CPU rehearsal) there is no budget, the benchmarks use smaller sizes, and at most
+``--parallel`` processes run at once (2 on a 2-core machine: about 13 minutes).
+
+It writes ``<out>/summary.json`` (machine, settings, notebooks, nbval, tests_gpu,
+benchmarks, labs: each lab's notebook and figures, timelines, total seconds), copies
+one or two timeline pictures per lab to ``<out>/timelines/`` (downscaled, a few MB in
+all), prints the README's "Where this was tested" row, and exits 1 if anything failed
+(after writing the summary). Executed notebooks, logs and every picture stay in
+``--work`` (default ``runs/gpu-check-<time>/``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from course_lib.bench.reference import FIGURES, LABS
+from course_lib.grading import runall
+
+STEPS = ("notebooks", "nbval", "tests_gpu", "benchmarks")
+# every summary.json has these (and each step it ran, under the step's name)
+SUMMARY_KEYS = ("schema", "date", "source", "machine", "commit", "settings", "timelines",
+                "timelines_note", "labs", "failed", "ok", "total_seconds", "readme_row")
+MACHINE_KEYS = ("label", "gpu", "gpu_count", "torch", "cuda", "nccl", "python", "cpu_count",
+                "platform")
+PYTEST_KEYS = ("status", "passed", "failed", "errors", "skipped", "seconds", "failures")
+GPU_BOUND = ("cp", "fsdp", "ep")
+CPU_BOUND = ("ddp", "checkpoint", "launch")
+BENCHES = GPU_BOUND + CPU_BOUND
+# seconds each bench should take on one H100, its process and job start included (an
+# estimate from the run of 2026-11-27: what the budget keeps for them)
+BENCH_ESTIMATE_S = {"cp": 20, "fsdp": 15, "ep": 15, "ddp": 15, "checkpoint": 15, "launch": 10}
+TIMEOUTS = {  # wall seconds per process: (on a GPU, on the CPU rehearsal)
+    "notebook": (300, 1800), "nbval": (330, 2400), "tests_gpu": (180, 600), "bench": (150, 900)}
+# the timelines kept per lab, first match wins (then any NN_*timeline*.png)
+TIMELINES = {"00": ["00_timeline.png", "00_ping_pong.png"], "01": ["01_timeline.png"],
+             "02": ["02_timeline.png", "02_buckets.png"],
+             "03": ["03_prefetch.png", "03_memory.png"],
+             "04": ["04_timeline.png", "04_bubble.png"], "05": ["05_timeline.png"],
+             "06": ["06_losses.png", "06_plan.png"],
+             "07": ["07_ring_timeline.png", "07_moe_timeline.png"],
+             "08": ["08_resume.png", "08_goodput.png"]}
+MAX_PNG_PX = 1400
+MAX_PNG_BYTES = 1 << 20
+MAX_TIMELINE_BYTES = 5 << 20
+
+
+def bench_args(what, nproc, backend, gpu):
+    """The flags of one benchmark: on a GPU those of the H100 run of 2026-11-27, on the
+    CPU rehearsal smaller sizes (the benches' defaults, or near them)."""
+    mem_cps = "1" if nproc == 1 else f"1,{nproc}"
+    world = ["--nproc", str(nproc), "--backend", backend]
+    if gpu:
+        return {"cp": world + ["--seq", "8192", "--mem-cps", mem_cps],
+                "ddp": world,
+                "fsdp": world + ["--dim", "1024", "--layers", "8", "--batch", "16"],
+                "ep": world + ["--tokens", "16384", "--dim", "1024"],
+                "checkpoint": ["--nproc", "4", "--size-mb", "256"],
+                "launch": ["--nproc", "4", "--repeat", "10"]}[what]
+    return {"cp": world + ["--seq", "1024", "--mem-seq", "1024", "--mem-cps", mem_cps],
+            "ddp": world + ["--sweep", "4,25"],
+            "fsdp": world,
+            "ep": world,
+            "checkpoint": ["--nproc", "4", "--size-mb", "64"],
+            "launch": ["--nproc", "4", "--repeat", "10"]}[what]
+
+
+def bench_figures(what, r):
+    """(figures, times in ms, details) from the JSON a bench wrote with --json."""
+    figures, times, details = {}, {}, {}
+    if what == "launch":
+        figures["launch_cold_s"] = r["first_s"]
+        figures["launch_warm_ms"] = r["warm"]["median_s"] * 1e3
+        times = {"first": r["first_s"] * 1e3, "warm_median": r["warm"]["median_s"] * 1e3,
+                 "warm_min": r["warm"]["min_s"] * 1e3, "warm_max": r["warm"]["max_s"] * 1e3}
+    elif what == "cp":
+        s = r["timed"]["step_s"]
+        times = {k: v * 1e3 for k, v in s.items()}
+        if "torch" in s:
+            figures["cp_zigzag_over_torch"] = s["zigzag"] / s["torch"]
+        else:
+            details["torch_error"] = r["timed"].get("torch_error")
+        figures["cp_zigzag_over_dense"] = s["zigzag"] / s["dense"]
+        figures["cp_contiguous_over_zigzag"] = s["contiguous"] / s["zigzag"]
+        details["max_diff"] = r["timed"].get("max_diff")
+    elif what == "ddp":
+        s = r["step_s"]
+        times = {k: v * 1e3 for k, v in s.items()}
+        figures["ddp_ours_over_torch"] = s["DDP (ours)"] / s["torch DDP"]
+        figures["ddp_flat_over_torch"] = s["FlatDDP"] / s["torch DDP"]
+        figures["ddp_naive_over_torch"] = s["NaiveDDP"] / s["torch DDP"]
+        figures["ddp_overlap"] = r["overlap"]
+        details["sweep_ours_over_torch"] = {cap: v["ours_s"] / v["torch_s"]
+                                            for cap, v in r["sweep"].items()}
+    elif what == "fsdp":
+        base = r["torch FSDP2"]["step_s"]
+        times = {k: v["step_s"] * 1e3 for k, v in r.items()}
+        ratios = {k: v["step_s"] / base for k, v in r.items()}
+        ours = [v for k, v in ratios.items() if k.startswith("FSDP")]
+        figures["fsdp_full_over_fsdp2"] = ratios["FSDP full"]
+        figures["fsdp_min_over_fsdp2"], figures["fsdp_max_over_fsdp2"] = min(ours), max(ours)
+        details["over_fsdp2"] = ratios
+        details["state_mb"] = {k: v["state_bytes"] / 2 ** 20 for k, v in r.items()}
+        details["peak_mb"] = {k: v["peak_bytes"] / 2 ** 20 for k, v in r.items()}
+    elif what == "ep":
+        times = {k: v * 1e3 for k, v in r["step_s"].items()}
+        figures["ep_ours_over_dense"] = r["ratio"]
+        details["tokens_per_s"] = r["tokens_per_s"]
+    elif what == "checkpoint":
+        s, ld = r["save_s"], r["load_s"]
+        times = {f"{k} save": v * 1e3 for k, v in s.items()}
+        times.update({f"{k} load": v * 1e3 for k, v in ld.items()})
+        times["async blocked"] = r["async_blocked_s"] * 1e3
+        figures["ckpt_save_over_dcp"] = s["ours"] / s["dcp"]
+        figures["ckpt_load_over_dcp"] = ld["ours"] / ld["dcp"]
+        figures["ckpt_async_blocked"] = r["async_blocked_s"] / r["sync_save_s"]
+    rounded = lambda d: {k: round(v, 4) for k, v in d.items()}  # noqa: E731
+    return rounded(figures), rounded(times), details
+
+
+# -- the machine ------------------------------------------------------------------------
+
+def gpu_slug(name):
+    """'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'."""
+    words = [w for w in re.split(r"[^a-z0-9]+", (name or "").lower())
+             if w and w not in ("nvidia", "geforce", "tesla", "amd", "radeon", "instinct")]
+    kept = []
+    for w in words:
+        kept.append(w)
+        if re.search(r"\d", w):
+            break
+    return "-".join(kept) or "gpu"
+
+
+def machine_info(label=None):
+    import torch
+
+    try:  # a CUDA that answers is_available() but cannot name its device is none
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except (RuntimeError, AssertionError, AttributeError):
+        gpu = None
+    cuda = gpu is not None
+    count = torch.cuda.device_count() if cuda else 0
+    nccl = None
+    if cuda:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            nccl = None
+    cpus = os.cpu_count()
+    default = (f"{count}x {gpu}, {cpus} CPU cores" if cuda
+               else f"CPU only ({platform.machine()}), {cpus} cores")
+    return {"label": label or default, "gpu": gpu, "gpu_count": count, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "nccl": nccl, "python": platform.python_version(),
+            "cpu_count": cpus, "platform": platform.platform()}
+
+
+def _commit(root):
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# -- reading what the processes left ------------------------------------------------------
+
+def parse_junit(path):
+    """{"passed", "failed", "errors", "skipped", "failures": [{"test", "message"}]}."""
+    root = ET.parse(path).getroot()
+    out = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
+    for case in root.iter("testcase"):
+        test = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
+        kinds = {child.tag for child in case}
+        for tag, key in (("failure", "failed"), ("error", "errors")):
+            for child in case.iter(tag):
+                out[key] += 1
+                out["failures"].append({"test": test, "kind": key,
+                                        "message": _failure_line(child)})
+        if "skipped" in kinds and not kinds & {"failure", "error"}:
+            out["skipped"] += 1
+        elif not kinds & {"failure", "error", "skipped"}:
+            out["passed"] += 1
+    return out
+
+
+ANSI = re.compile(r"(\x1b|#x1B)\[[0-9;]*m")  # junit XML writes ESC as "#x1B"
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Timeout)\b.*")
+
+
+def _failure_line(element):
+    """The line that says what went wrong: the last ``SomeError: ...`` line of the report
+    (nbval's carry the cell's colored traceback; pytest cuts ``message`` short)."""
+    for text in (element.text, element.get("message")):
+        lines = [ANSI.sub("", ln).strip() for ln in (text or "").splitlines()]
+        found = [ln for ln in lines if EXCEPTION_LINE.match(ln)]
+        if found:
+            return found[-1][:400]
+    lines = [ln for ln in ANSI.sub("", element.get("message") or element.text or "").splitlines()
+             if ln.strip()]
+    return (lines[-1].strip() if lines else "")[:400]
+
+
+def pytest_result(task):
+    """A step of pytest processes' counts, from its junit XML (or why there is none)."""
+    if task.not_run:
+        return {"status": "not run", "passed": 0, "failed": 1, "errors": 0, "skipped": 0,
+                "seconds": 0.0, "failures": [{"test": task.name, "kind": "failed",
+                                              "message": task.not_run}]}
+    xml = Path(task.extra["junit"])
+    if task.timed_out or not xml.is_file():
+        why = (f"stopped after {task.seconds:.0f} s (wall timeout)" if task.timed_out
+               else f"exit {task.returncode}, no report: {task.log_tail(1)[:300]}")
+        return {"status": "timed out" if task.timed_out else "failed", "passed": 0,
+                "failed": 1, "errors": 0, "skipped": 0, "seconds": round(task.seconds, 1),
+                "failures": [{"test": task.name, "kind": "failed", "message": why}]}
+    got = parse_junit(xml)
+    # pytest exits 5 when nothing was collected: not a failure of the course
+    bad = got["failed"] or got["errors"] or task.returncode not in (0, 5)
+    if task.returncode not in (0, 1, 5) and not got["failures"]:
+        got["failures"].append({"test": task.name, "kind": "errors",
+                                "message": f"pytest exit {task.returncode}: "
+                                           f"{task.log_tail(1)[:300]}"})
+        got["errors"] += 1
+    return {"status": "failed" if bad else "ok", **got, "seconds": round(task.seconds, 1)}
+
+
+def select_timelines(work, dest, labs, per_lab=2):
+    """Copy one or two pictures per lab from the run folder, downscaled: {lab: [files]}."""
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    kept, total = {}, 0
+    for lab in labs:
+        names = [n for n in TIMELINES.get(lab, []) if (Path(work) / n).is_file()]
+        names += sorted(p.name for p in Path(work).glob(f"{lab}_*timeline*.png")
+                        if p.name not in names)
+        for name in names[:per_lab]:
+            dest.mkdir(parents=True, exist_ok=True)
+            size = _small_png(Path(work) / name, dest / name)
+            if size is None or total + size > MAX_TIMELINE_BYTES:
+                (dest / name).unlink(missing_ok=True)
+                continue
+            total += size
+            kept.setdefault(lab, []).append(f"timelines/{name}")
+    return kept
+
+
+def _small_png(src, dst):
+    try:
+        from PIL import Image
+
+        with Image.open(src) as im:
+            if im.width > MAX_PNG_PX:
+                im = im.resize((MAX_PNG_PX, round(im.height * MAX_PNG_PX / im.width)))
+            im.save(dst, optimize=True)
+    except Exception:  # noqa: BLE001 - no Pillow, or a picture it cannot read: copy as is
+        shutil.copyfile(src, dst)
+    size = dst.stat().st_size
+    return size if size <= MAX_PNG_BYTES else None
+
+
+# -- the summary ----------------------------------------------------------------------------
+
+def lab_entries(summary):
+    """{lab: {"notebook", "status", "seconds", "figures", "timelines"}} for every lab 00-08."""
+    labs = {}
+    for lab in LABS:
+        nb = summary.get("notebooks", {}).get(lab, {})
+        figures = {}
+        for bench in summary.get("benchmarks", {}).values():
+            figures.update({k: v for k, v in bench.get("figures", {}).items()
+                            if FIGURES[k].lab == lab})
+        labs[lab] = {"notebook": nb.get("notebook"), "status": nb.get("status", "not run"),
+                     "seconds": nb.get("seconds"), "figures": figures,
+                     "timelines": summary.get("timelines", {}).get(lab, [])}
+    return labs
+
+
+def readme_row(s):
+    """The README's "Where this was tested" row: date, machine, GPU, torch, notebooks,
+    nbval, key ratios."""
+    m = s["machine"]
+    nbs = s.get("notebooks", {})
+    ok = sum(v["status"] == "ok" for v in nbs.values())
+    failed = [k for k, v in nbs.items() if v["status"] != "ok"]
+    notebooks = (f"{ok}/{len(nbs)}" + (f" (failed: {', '.join(failed)})" if failed else "")
+                 if nbs else "not run")
+    nbval = s.get("nbval") or {}
+    bad = nbval.get("failed", 0) + nbval.get("errors", 0)
+    nbval_text = (f"{nbval.get('passed', 0)} passed, {bad} failed"
+                  + (" (stopped early)" if nbval.get("stopped_early") else "")
+                  if nbval else "not run")
+    f = {}
+    for bench in s.get("benchmarks", {}).values():
+        f.update(bench.get("figures", {}))
+    parts = []
+    if "cp_zigzag_over_dense" in f:
+        torch_cp = f.get("cp_zigzag_over_torch")
+        parts.append(f"ring attention / torch CP "
+                     f"{'n/a' if torch_cp is None else f'{torch_cp:.2f}'}"
+                     f", / dense {f['cp_zigzag_over_dense']:.2f}")
+    if "ddp_ours_over_torch" in f:
+        parts.append(f"DDP / torch {f['ddp_ours_over_torch']:.2f}")
+    if "fsdp_min_over_fsdp2" in f:
+        parts.append(f"FSDP / FSDP2 {f['fsdp_min_over_fsdp2']:.2f}-{f['fsdp_max_over_fsdp2']:.2f}")
+    if "ckpt_save_over_dcp" in f:
+        parts.append(f"ckpt / DCP save {f['ckpt_save_over_dcp']:.2f} load "
+                     f"{f['ckpt_load_over_dcp']:.2f}, async blocked {f['ckpt_async_blocked']:.0%}")
+    if "ep_ours_over_dense" in f:
+        parts.append(f"EP / dense {f['ep_ours_over_dense']:.2f}")
+    if "launch_cold_s" in f:
+        parts.append(f"launch 4 ranks {f['launch_cold_s']:.2f} s cold, "
+                     f"{f['launch_warm_ms']:.1f} ms warm")
+    torch_v = m["torch"] + (f", NCCL {m['nccl']}" if m.get("nccl") else "")
+    return (f"| {s['date']} | {m['label']} | {m.get('gpu') or 'none (CPU)'} | {torch_v} | "
+            f"{notebooks} | {nbval_text} | {'; '.join(parts) or '-'} |")
+
+
+def parse_only(text):
+    """``--only``: steps (notebooks, nbval, tests_gpu, benchmarks), notebook numbers
+    (``00``), ``nbval:NN`` and bench names. Returns (notebooks, nbval, tests_gpu, benches):
+    None = all, an empty set = none."""
+    if not text:
+        return None, None, True, list(BENCHES)
+    nbs, nbval, tests, benches = set(), set(), False, []
+    for tok in (t.strip() for t in text.split(",") if t.strip()):
+        if tok == "notebooks":
+            nbs = None
+        elif tok == "nbval":
+            nbval = None
+        elif tok in ("tests_gpu", "tests-gpu", "tests/gpu"):
+            tests = True
+        elif tok in ("benchmarks", "bench"):
+            benches = list(BENCHES)
+        elif tok in BENCHES:
+            benches.append(tok)
+        elif re.fullmatch(r"\d\d", tok):
+            if nbs is not None:
+                nbs.add(tok)
+        elif re.fullmatch(r"nbval:\d\d", tok):
+            if nbval is not None:
+                nbval.add(tok[-2:])
+        else:
+            raise ValueError(f"--only: unknown {tok!r} (steps {', '.join(STEPS)}, notebook "
+                             f"numbers NN, nbval:NN, benches {', '.join(BENCHES)})")
+    return nbs, nbval, tests, [b for b in BENCHES if b in benches]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench.gpucheck",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="nccl")
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--out", default=None,
+                        help="default: reference/<GPU name, slugged> (reference/cpu-rehearsal "
+                             "without CUDA)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated: steps (notebooks,nbval,tests_gpu,benchmarks), "
+                             "notebook numbers (00), nbval:NN, benches (cp,ddp,...)")
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="notebooks side by side (default: all on a GPU machine, 2 without)")
+    parser.add_argument("--nbval-workers", type=int, default=None, help="default: --parallel")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="hold the whole to this many seconds (default 360 on a GPU, "
+                             "none without; 0: none)")
+    parser.add_argument("--notebook-timeout", type=float, default=None)
+    parser.add_argument("--nbval-timeout", type=float, default=None)
+    parser.add_argument("--bench-timeout", type=float, default=None)
+    parser.add_argument("--solutions", default="solutions")
+    parser.add_argument("--work", default=None, help="default: runs/gpu-check-<time>")
+    parser.add_argument("--machine", default=None, help="a label for the machine (README row)")
+    ns = parser.parse_args(argv)
+    try:
+        sel_nbs, sel_nbval, run_tests, benches = parse_only(ns.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+    started, t0 = datetime.datetime.now().astimezone(), time.monotonic()
+    machine = machine_info(ns.machine)
+    gpu = machine["gpu"] is not None
+    if ns.backend == "nccl" and not gpu:
+        parser.error("--backend nccl needs a CUDA GPU (torch sees none); the CPU rehearsal is "
+                     "--backend gloo --out reference/cpu-rehearsal")
+    # the GPU profile (the H100 run's bench sizes, the time budget, every notebook at once)
+    # where the job's backend uses the GPU; gloo ranks stay on the CPU, GPU or not
+    gpu = gpu and ns.backend == "nccl"
+    solutions = Path(ns.solutions).resolve()
+    root = solutions.parent
+    out = Path(ns.out or Path("reference") / (gpu_slug(machine["gpu"]) if gpu
+                                              else "cpu-rehearsal")).resolve()
+    work = Path(ns.work or Path("runs") / f"gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    all_nbs = runall.notebooks(solutions)
+    parallel = ns.parallel or (len(all_nbs) if gpu else 2)
+    nbval_workers = ns.nbval_workers or parallel
+    budget = ns.budget_s if ns.budget_s is not None else (360.0 if gpu else 0.0)
+    deadline = t0 + budget if budget else None
+    which = 0 if gpu else 1
+    timeout = {k: v[which] for k, v in TIMEOUTS.items()}
+    timeout.update({k: v for k, v in (("notebook", ns.notebook_timeout),
+                                      ("nbval", ns.nbval_timeout),
+                                      ("bench", ns.bench_timeout)) if v})
+    print(f"gpu-check: {machine['label']}, torch {machine['torch']}, backend {ns.backend}, "
+          f"world {ns.nproc}; summary in {out}, run folder {work}"
+          + (f"; budget {budget:.0f} s" if budget else ""), flush=True)
+
+    # the budget: what must still fit after each step
+    after_nbs = sum(BENCH_ESTIMATE_S[b] for b in benches)
+    after_nbval = sum(BENCH_ESTIMATE_S[b] for b in benches if b in CPU_BOUND)
+    tasks = {"notebooks": [], "nbval": [], "tests_gpu": [], "benchmarks": []}
+    params = {"QUICK": True, "NPROC": ns.nproc, "BACKEND": ns.backend}
+    for nb in runall.notebooks(solutions, sel_nbs) if sel_nbs != set() else []:
+        task = runall.notebook_task(nb, work, params, wall_timeout=timeout["notebook"])
+        task.deadline = deadline and deadline - after_nbs
+        tasks["notebooks"].append(task)
+    py = sys.executable
+    for nb in runall.notebooks(solutions, sel_nbval) if sel_nbval != set() else []:
+        junit = work / "nbval" / f"{nb.stem}.xml"
+        task = runall.Task(name=f"nbval {nb.name}", pool="nbval",
+                           argv=[py, "-m", "pytest", str(nb.relative_to(root)), "-p",
+                                 "no:cacheprovider", "-q", "-rf", f"--junitxml={junit}"],
+                           log=work / "logs" / f"nbval_{nb.stem}.log", cwd=str(root),
+                           timeout=timeout["nbval"], extra={"junit": junit, "nb": nb.name})
+        task.deadline = deadline and deadline - after_nbval
+        tasks["nbval"].append(task)
+    if run_tests:
+        junit = work / "tests_gpu.xml"
+        task = runall.Task(name="tests/gpu", pool="tests_gpu",
+                           argv=[py, "-m", "pytest", "tests/gpu", "-p", "no:cacheprovider",
+                                 "-q", "-rs", f"--junitxml={junit}"],
+                           log=work / "logs" / "tests_gpu.log", cwd=str(root),
+                           timeout=timeout["tests_gpu"], extra={"junit": junit})
+        task.deadline = deadline and deadline - after_nbs
+        tasks["tests_gpu"].append(task)
+    for what in benches:
+        args = bench_args(what, ns.nproc, ns.backend, gpu)
+        result = work / "bench" / f"{what}.json"
+        after = ("notebooks", "tests_gpu") + (("nbval",) if what in CPU_BOUND else ())
+        task = runall.Task(name=f"bench {what}", pool="benchmarks", after=after,
+                           argv=[py, "-m", "course_lib.bench", what, *args, "--json", str(result)],
+                           log=work / "logs" / f"bench_{what}.log", cwd=str(root),
+                           timeout=timeout["bench"], env={"PYTHONUNBUFFERED": "1"},
+                           extra={"json": result, "what": what, "args": args})
+        task.deadline = deadline
+        tasks["benchmarks"].append(task)
+    every = [t for step in STEPS for t in tasks[step]]
+    for folder in ("bench", "nbval", "logs"):
+        (work / folder).mkdir(parents=True, exist_ok=True)
+    runall.run_tasks(every, limits={"notebooks": parallel, "nbval": nbval_workers,
+                                    "benchmarks": 1},
+                     total=None if gpu else parallel, deadline=deadline)
+
+    summary = {"schema": 1, "date": started.date().isoformat(), "started": started.isoformat(
+        timespec="seconds"), "source": "python -m course_lib.bench.gpucheck", "machine": machine,
+        "commit": _commit(root),
+        "settings": {"backend": ns.backend, "nproc": ns.nproc, "quick": True,
+                     "parallel": parallel, "nbval_workers": nbval_workers,
+                     "budget_s": budget or None, "only": ns.only,
+                     "argv": sys.argv[1:] if argv is None else list(argv)},
+        "work": str(work)}
+    if tasks["notebooks"]:
+        summary["notebooks"] = {}
+        for task in tasks["notebooks"]:
+            name, seconds, error = runall.notebook_result(task)
+            summary["notebooks"][name[:2]] = {"notebook": name, "status": "ok" if error is None
+                                              else "failed", "seconds": round(seconds, 1),
+                                              "error": error, "started_s": _s(task.started_s)}
+        runall.write_summary(work / "summary.csv", [runall.notebook_result(t)
+                                                    for t in tasks["notebooks"]])
+    if tasks["nbval"]:
+        per = {t.extra["nb"][:2]: pytest_result(t) for t in tasks["nbval"]}
+        ran = [t for t in tasks["nbval"] if t.started_s is not None]
+        wall = (max(t.started_s + t.seconds for t in ran) - min(t.started_s for t in ran)
+                if ran else 0.0)
+        summary["nbval"] = {
+            "status": "ok" if all(p["status"] == "ok" for p in per.values()) else "failed",
+            "mode": "one pytest process per notebook (pytest-xdist is not a dependency)",
+            "workers": nbval_workers, "seconds": round(wall, 1),
+            **{k: sum(p[k] for p in per.values())
+               for k in ("passed", "failed", "errors", "skipped")},
+            "failures": [{"notebook": t.extra["nb"], **f} for t in tasks["nbval"]
+                         for f in per[t.extra["nb"][:2]]["failures"]],
+            "per_notebook": {k: {x: v[x] for x in ("status", "passed", "failed", "errors",
+                                                   "skipped", "seconds")}
+                             for k, v in per.items()}}
+    if tasks["tests_gpu"]:
+        summary["tests_gpu"] = pytest_result(tasks["tests_gpu"][0])
+    if tasks["benchmarks"]:
+        summary["benchmarks"] = {}
+        for task in tasks["benchmarks"]:
+            what = task.extra["what"]
+            command = shlex.join([what, *task.extra["args"]])
+            entry = {"command": f"python -m course_lib.bench {command}",
+                     "seconds": round(task.seconds, 1), "started_s": _s(task.started_s)}
+            try:
+                if task.not_run or task.timed_out or task.returncode != 0:
+                    raise RuntimeError(task.not_run or (
+                        f"stopped after {task.seconds:.0f} s (wall timeout)" if task.timed_out
+                        else f"exit {task.returncode}: {task.log_tail(1)[:300]}"))
+                raw = json.loads(Path(task.extra["json"]).read_text())
+                figures, times, details = bench_figures(what, raw)
+                entry.update(status="ok", figures=figures, times_ms=times, details=details,
+                             result=raw, error=None)
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                entry.update(status="failed", figures={}, error=runall._error_line(exc))
+            summary["benchmarks"][what] = entry
+    labs_run = sorted(summary.get("notebooks", {}))
+    summary["timelines"] = select_timelines(work, out / "timelines", labs_run)
+    summary["timelines_note"] = (None if summary["timelines"] else
+                                 "no timeline pictures: no notebook ran, or none saved one")
+    summary["labs"] = lab_entries(summary)
+    failed = ([f"notebook {k}" for k, v in summary.get("notebooks", {}).items()
+               if v["status"] != "ok"]
+              + (["nbval"] if summary.get("nbval", {}).get("status", "ok") != "ok" else [])
+              + (["tests/gpu"] if summary.get("tests_gpu", {}).get("status", "ok") != "ok"
+                 else [])
+              + [f"bench {k}" for k, v in summary.get("benchmarks", {}).items()
+                 if v["status"] != "ok"])
+    summary["failed"] = failed
+    summary["ok"] = not failed
+    summary["total_seconds"] = round(time.monotonic() - t0, 1)
+    summary["readme_row"] = readme_row(summary)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(report(summary, out))
+    return 0 if summary["ok"] else 1
+
+
+def _s(x):
+    return None if x is None else round(x, 1)
+
+
+def report(s, out):
+    lines = ["", f"gpu-check on {s['machine']['label']} ({s['total_seconds']:.0f} s):"]
+    for k, v in s.get("notebooks", {}).items():
+        lines.append(f"  notebook {v['notebook']:<28} {v['status']:<7} {v['seconds']:>7.1f} s"
+                     + (f"  {v['error']}" if v["error"] else ""))
+    for step in ("nbval", "tests_gpu"):
+        v = s.get(step)
+        if v:
+            lines.append(f"  {step:<9} {v['status']}: {v['passed']} passed, {v['failed']} failed, "
+                         f"{v['errors']} errors, {v['skipped']} skipped ({v['seconds']:.0f} s)")
+            lines += [f"    {f['test']}: {f['message'][:200]}" for f in v["failures"][:10]]
+    for k, v in s.get("benchmarks", {}).items():
+        figs = ", ".join(f"{n} {x:g}" for n, x in v.get("figures", {}).items())
+        lines.append(f"  bench {k:<11} {v['status']} ({v['seconds']:.0f} s) "
+                     f"{figs or v.get('error') or ''}")
+    lines.append(f"summary: {out / 'summary.json'}")
+    lines.append("README row (Where this was tested):")
+    lines.append(s["readme_row"])
+    lines.append("OK" if s["ok"] else "FAILED: " + ", ".join(s["failed"]))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The committed reference figures (reference/h100/summary.json, the H100 run of
+2026-11-27) load from the checkout, carry every lab, and read beside a student's own."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from course_lib.bench import gpucheck, reference
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_h100_summary_loads_with_every_lab_and_the_runs_figures():
+    ref = reference.load("h100")
+    assert reference.path("h100") == ROOT / "reference" / "h100"
+    assert set(gpucheck.SUMMARY_KEYS) <= set(ref)
+    assert set(gpucheck.MACHINE_KEYS) <= set(ref["machine"])
+    assert ref["date"] == "2026-11-27" and ref["machine"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert ref["machine"]["torch"] == "2.11.0+cu130" and ref["machine"]["nccl"] == "2.28.9"
+    assert sorted(ref["labs"]) == [f"{n:02d}" for n in range(9)] == sorted(ref["notebooks"])
+    for lab, entry in ref["labs"].items():
+        assert entry["notebook"].startswith(lab + "_") and entry["status"] in ("ok", "failed")
+        assert entry["seconds"] > 0 and set(entry["figures"]) <= set(reference.FIGURES)
+        assert all(reference.FIGURES[f].lab == lab for f in entry["figures"])
+    assert ref["labs"]["07"]["status"] == "failed" and "3 ranks" in ref["notebooks"]["07"]["error"]
+    assert (ref["nbval"]["passed"], ref["nbval"]["failed"]) == (239, 2)
+    want = {"cp_zigzag_over_torch": 6.87, "cp_zigzag_over_dense": 8.78,
+            "ddp_ours_over_torch": 1.32, "ckpt_save_over_dcp": 0.84, "ckpt_load_over_dcp": 0.68,
+            "ep_ours_over_dense": 1.16, "launch_cold_s": 5.29, "launch_warm_ms": 2.3}
+    for figure, v in want.items():
+        assert reference.value("h100", figure, ref) == pytest.approx(v)
+    assert reference.value("h100", "ckpt_async_blocked", ref) == pytest.approx(0.07, abs=0.005)
+    assert ref["timelines"] == {} and "no timeline pictures" in ref["timelines_note"]
+    # the row printed for the README is the one the README carries
+    assert ref["readme_row"] == gpucheck.readme_row(ref)
+    assert ref["readme_row"] in (ROOT / "README.md").read_text()
+
+
+def test_a_line_puts_the_students_figure_beside_the_gpus():
+    text = reference.line("07", "cp_zigzag_over_torch", mine=3.1)
+    assert "\n" not in text and "yours 3.10" in text and "6.87" in text and "H100" in text
+    assert "--seq 8192" in text and "2026-11-27" in text
+    assert "yours" not in reference.line("08", "ckpt_save_over_dcp")
+    assert "7%" in reference.line("08", "ckpt_async_blocked")
+    with pytest.raises(KeyError, match="Lab 07"):
+        reference.line("02", "cp_zigzag_over_torch")
+    every = reference.lines("01").splitlines()
+    assert len(every) == 1 and "01_collectives.ipynb ok" in every[0]  # no world-1 figure
+
+
+def test_references_are_found_elsewhere_and_installed_with_the_package(tmp_path, monkeypatch):
+    (tmp_path / "t4").mkdir()
+    (tmp_path / "t4" / "summary.json").write_text(json.dumps({"labs": {}}))
+    monkeypatch.setenv("COURSE_LIB_REFERENCE", str(tmp_path))
+    assert reference.load("t4") == {"labs": {}} and {"h100", "t4"} <= set(reference.available())
+    assert any(str(r).endswith("share/course_lib/reference") for r in reference.roots())
+    with pytest.raises(FileNotFoundError, match="no reference 'a100'"):
+        reference.load("a100")
+    # every committed reference is in the wheel's data files (<prefix>/share/course_lib/reference)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    listed = {f for files in data.values() for f in files}
+    for summary in (ROOT / "reference").glob("*/summary.json"):
+        name = summary.parent.name
+        if name == "cpu-rehearsal":  # written by each machine's rehearsal, never committed
+            continue
+        assert f"reference/{name}/summary.json" in listed
+        assert data[f"share/course_lib/reference/{name}"] == [f"reference/{name}/summary.json"]
+        assert re.fullmatch(r"[a-z0-9-]+", name)
