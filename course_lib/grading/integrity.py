@@ -16,7 +16,13 @@ student's. :func:`scan` parses them and reports, by cell:
 - code or names built at run time (``exec``, ``eval``, ``compile``,
   ``__import__``, ``importlib.import_module`` of a computed name, ``getattr``
   with a computed name): the judge's reading of the source
-  (:mod:`~course_lib.grading.source`) cannot follow them, so a person should.
+  (:mod:`~course_lib.grading.source`) cannot follow them, so a person should;
+- code that makes what runs differ from what the notebook says, or looks behind
+  it (:data:`BEHIND_THE_TEXT`): frames (``sys._getframe``, ``inspect.stack``),
+  ``gc`` walks, ``sys.setprofile``/``settrace``, IPython's input transformers,
+  AST transformers and custom exception handlers, ``__code__``/``__class__``/
+  ``__globals__`` assigned, ``__reduce__`` defined, Python started in a
+  subprocess, a course file's text read (``__file__``, ``inspect.getsource``).
 
 Whatever the lab itself contains is given, not the student's: a statement
 found in the generated lab (its setup cell imports ``from course_lib import
@@ -38,6 +44,34 @@ RUN_TIME_CODE = {"exec", "eval", "compile", "builtins.exec", "builtins.eval", "b
 # a call whose argument at this position names something: flagged when it is computed
 RUN_TIME_NAMES = {"getattr": 1, "builtins.getattr": 1, "importlib.import_module": 0}
 PROTECTED_ROOTS = ("course_lib", "torch", "sys", "builtins", "importlib")
+# calls that look behind the notebook's text or change what runs: flagged for a person
+BEHIND_THE_TEXT = {
+    "sys._getframe": "inspects frames", "sys._current_frames": "inspects frames",
+    "inspect.currentframe": "inspects frames", "inspect.stack": "inspects frames",
+    "inspect.trace": "inspects frames", "inspect.getouterframes": "inspects frames",
+    "inspect.getsource": "reads source code", "inspect.getsourcefile": "reads source code",
+    "inspect.getfile": "reads source code",
+    "gc.get_objects": "walks gc", "gc.get_referrers": "walks gc", "gc.get_referents": "walks gc",
+    "sys.settrace": "hooks the tracer", "sys.setprofile": "hooks the profiler",
+    "threading.settrace": "hooks the tracer", "threading.setprofile": "hooks the profiler",
+    "sys.addaudithook": "hooks the interpreter", "sys.monitoring.register_callback":
+    "hooks the interpreter", "sys.monitoring.use_tool_id": "hooks the interpreter",
+    "subprocess.run": "starts a process", "subprocess.Popen": "starts a process",
+    "subprocess.call": "starts a process", "subprocess.check_call": "starts a process",
+    "subprocess.check_output": "starts a process", "os.system": "starts a process",
+    "os.popen": "starts a process", "os.execv": "starts a process",
+    "os.execvp": "starts a process", "os.spawnv": "starts a process",
+    "multiprocessing.Process": "starts a process", "ctypes.pythonapi": "reaches into CPython",
+}
+# IPython's hooks on what a cell runs or what its error shows
+IPYTHON_HOOKS = {"input_transformers_cleanup", "input_transformers_post", "ast_transformers",
+                 "set_custom_exc", "register_magic_function", "events"}
+# attributes whose assignment swaps what an object is or what a function runs
+SWAPPED = {"__code__", "__class__", "__globals__", "__defaults__", "__kwdefaults__",
+           "__closure__", "__bases__", "__dict__"}
+# methods whose definition changes how an object travels or is rebuilt
+REBUILT = {"__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs__",
+           "__getnewargs_ex__"}
 GRADER_MODULES = ("course_lib.grading.integrity", "course_lib.grading.gradebook",
                   "course_lib.grading.submissions", "course_lib.grading.judge",
                   "course_lib.grading.sandbox", "course_lib.submission.collector",
@@ -197,6 +231,31 @@ def _findings(tree, lab, aliases):
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and any(text in node.value for text in PASS_TEXTS):
             yield ast.dump(node), f"writes a pass line ({node.value.strip()[:60]!r})"
+        yield from _behind_the_text(node, aliases)
+
+
+def _behind_the_text(node, aliases):
+    """Door 6: what makes the code that runs differ from the notebook's text, or reads
+    what the grader keeps (frames, gc, hooks, swapped code, course files)."""
+    if isinstance(node, ast.Call):
+        func = _dotted(node.func, aliases)
+        if func in BEHIND_THE_TEXT:
+            yield ast.dump(node), f"{BEHIND_THE_TEXT[func]} ({func})"
+        elif func and func.split(".")[0] == "ctypes":
+            yield ast.dump(node), f"reaches into CPython ({func})"
+    if isinstance(node, ast.Attribute) and node.attr in IPYTHON_HOOKS:
+        yield ast.dump(node), f"hooks IPython ({node.attr})"
+    elif isinstance(node, ast.Attribute) and node.attr == "__file__":
+        path = _dotted(node.value, aliases) or ""
+        if path.split(".")[0] in ("course_lib", "torch"):
+            yield ast.dump(node), f"reads a course file's path ({path}.__file__)"
+    elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr in SWAPPED:
+                yield ast.dump(node), f"swaps {target.attr} (what runs is not what the text says)"
+    elif isinstance(node, ast.FunctionDef) and node.name in REBUILT:
+        yield ast.dump(node), f"defines {node.name} (how an object travels)"
 
 
 def scan(student_cells, lab_sources, exercises):

@@ -8,6 +8,8 @@ passed before:
    and the collector holds what runs a request from before the first student cell.
 2. The answers were reachable: course_lib/grading/ (inputs, formulas, references) could
    be imported and read in the sandbox. Now the sandbox mounts a stand-in there.
+6. What runs could differ from the notebook's text. Now such code is flagged by cell
+   (and the judge, reading the text, sees the stub the text still holds).
 
 Each tampering below writes what a student who read the grader would write; before
 this construction each was credited (1 and 2a silently, 2b with a flag for eval).
@@ -70,6 +72,25 @@ def shard_bounds(numel, rank, world):
     return rank * size, (rank + 1) * size, padded'''
 
 
+# door 6a: an input transformer rewrites the stub as it runs; the text keeps the stub
+REWRITES_THE_CELLS = '''def _solve(lines):
+    return [line.replace('raise NotImplementedError("Exercise 0.3: ring shift")',
+                         "out = torch.empty_like(x); comm.exchange(sends=[(x, (rank + 1) % world)], "
+                         "recvs=[(out, (rank - 1) % world)]); return out") for line in lines]
+get_ipython().input_transformers_post.append(_solve)'''
+# door 6b: the stub's code object swapped for a working one defined under another name
+SWAPS_THE_CODE = '''def _shift(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty_like(x)
+    comm.exchange(sends=[(x, (rank + 1) % world)], recvs=[(out, (rank - 1) % world)])
+    return out
+
+def ring_shift(x):
+    raise NotImplementedError("Exercise 0.3: ring shift")
+
+ring_shift.__code__ = _shift.__code__'''
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("doors")
@@ -83,6 +104,9 @@ def graded(tmp_path_factory):
                                after={"setup": REPLACES_THE_RUNNER}),
         "door2_inputs": edited(solution, ring_shift=IMPORTS_THE_INPUTS),
         "door2_formula": edited(solution, shard_bounds=READS_THE_FORMULA),
+        "door6_transformer": edited(solution, ring_shift=STUB_SHIFT,
+                                    after={"setup": REWRITES_THE_CELLS}),
+        "door6_code": edited(solution, ring_shift=SWAPS_THE_CODE),
     }
     for student, nb in notebooks.items():
         put(subs / student / "00_mini.ipynb", nb)
@@ -117,3 +141,13 @@ def test_door_2_the_graders_inputs_and_formulas_are_not_in_the_sandbox(graded):
     assert "course_lib.grading.lab00" in details[("door2_inputs", "Exercise 0.3")]["message"]
     assert scores(rows["door2_formula"]) == (1, 1, 0), rows["door2_formula"]
     assert "does not define 'shard_bounds'" in details[("door2_formula", "Exercise 3.3")]["message"]
+
+
+def test_door_6_what_runs_is_what_the_text_says_or_a_flag(graded):
+    rows, _ = graded
+    assert scores(rows["door6_transformer"]) == (1, 0, 1), rows["door6_transformer"]
+    assert "hooks IPython (input_transformers_post)" in rows["door6_transformer"]["flags"]
+    # the working code is in the text, under another name: credited or not, a person
+    # reads the notebook (the flag says why)
+    assert scores(rows["door6_code"])[0::2] == (1, 1), rows["door6_code"]
+    assert "swaps __code__" in rows["door6_code"]["flags"], rows["door6_code"]

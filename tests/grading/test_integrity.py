@@ -179,6 +179,29 @@ def test_tampering_is_flagged(source, flag):
     assert any(line.startswith(f"cell 0: {flag}") for line in found), found
 
 
+@pytest.mark.parametrize("source,flag", [
+    ("import sys\nf = sys._getframe(1)", "inspects frames (sys._getframe)"),
+    ("import inspect\nouter = inspect.stack()[2].frame.f_locals", "inspects frames (inspect.stack)"),
+    ("import gc\nfound = [o for o in gc.get_objects() if callable(o)]", "walks gc (gc.get_objects)"),
+    ("import sys\nsys.setprofile(lambda *a: None)", "hooks the profiler (sys.setprofile)"),
+    ("import threading\nthreading.settrace(print)", "hooks the tracer (threading.settrace)"),
+    ("get_ipython().input_transformers_post.append(str.upper)", "hooks IPython (input_transformers_post)"),
+    ("get_ipython().set_custom_exc((Exception,), print)", "hooks IPython (set_custom_exc)"),
+    ("def f(x):\n    return x\nf.__code__ = (lambda x: 0).__code__", "swaps __code__"),
+    ("obj.__class__ = int", "swaps __class__"),
+    ("class T:\n    def __reduce__(self):\n        return (print, ())", "defines __reduce__"),
+    ("import subprocess\nsubprocess.run(['python3', '-c', '1'])", "starts a process (subprocess.run)"),
+    ("import os\nos.system('python3 x.py')", "starts a process (os.system)"),
+    ("import course_lib\nopen(course_lib.__file__).read()", "reads a course file's path (course_lib.__file__)"),
+    ("import inspect\nfrom course_lib import comm\ninspect.getsource(comm)", "reads source code (inspect.getsource)"),
+])
+def test_code_behind_the_text_is_flagged(source, flag):
+    """Door 6: what makes what runs differ from what the notebook says, or reads what the
+    grader keeps, is flagged with the cell's label (a person reads such notebooks)."""
+    found = scan(source)
+    assert any(line.startswith(f"cell 0: {flag}") for line in found), found
+
+
 def test_harmless_code_is_not_flagged():
     assert scan("x = torch.zeros(3)\nx.add_(1)\nmodel.weight = None\nimport numpy as np",
                 "def f():\n    return dist.get_rank()", "%timeit f()", "os.environ['A'] = '1'") == []
