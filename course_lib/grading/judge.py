@@ -255,7 +255,7 @@ def judge_notebook(nb, lab, checks_by_id, workdir, *, full=False, timeout=900.0,
     started = time.monotonic()
     judged = Judged(nb)
     try:
-        sandbox = Sandbox(workdir, full=full, sandboxed=sandboxed)
+        sandbox = Sandbox(workdir, full=full, sandboxed=sandboxed, hide=lab.exercise_ids)
     except (SandboxError, OSError) as exc:
         judged.status, judged.detail = "error", f"the sandbox did not start: {exc}"
         return judged

@@ -34,6 +34,7 @@ import os
 import pickle
 import select
 import shutil
+import tempfile
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ import cloudpickle
 import psutil
 
 import course_lib.grading
+from course_lib.grading import hiding
 from course_lib.runtime import procs
 from course_lib.submission.collector import HEADER, write_message
 
@@ -110,7 +112,7 @@ def _read_only_paths():
     return sorted(p for p in paths if os.path.lexists(p))
 
 
-def _bwrap_command(workdir, env):
+def _bwrap_command(workdir, env, mounts=()):
     command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all",
                "--hostname", "localhost", "--uid", "65534", "--gid", "65534", "--clearenv",
                # the private /tmp first: the course (or its environment) may live under it
@@ -123,6 +125,9 @@ def _bwrap_command(workdir, env):
     # the grader is not in the sandbox: its folder shows the stand-in instead
     package = Path(course_lib.grading.__file__).resolve().parent
     command += ["--ro-bind", str(package.parent / "submission" / "grading"), str(package)]
+    # the lab's own answers: each module holding one shows a copy without it
+    for copy, original in mounts:
+        command += ["--ro-bind", str(copy), str(original)]
     command += ["--dir", "/tmp/mpl", "--dir", "/tmp/home"]
     fonts = _font_cache()
     if fonts is not None:  # without it matplotlib rebuilds its font list: seconds per notebook
@@ -143,8 +148,11 @@ def _font_cache():
 class Sandbox:
     """The collector of one submission, in its sandbox; ``workdir`` is its writable folder."""
 
-    def __init__(self, workdir, full=False, extra_env=None, sandboxed=None):
+    def __init__(self, workdir, full=False, extra_env=None, sandboxed=None, hide=()):
+        """``hide``: the ids of the lab's items, whose library implementations (and
+        torch counterparts) the sandbox holds only as stand-ins (:mod:`.hiding`)."""
         self.workdir = Path(workdir).resolve()
+        self._hiding = None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.token = uuid.uuid4().hex
         self.sandboxed = sandbox_available() if sandboxed is None else sandboxed
@@ -169,7 +177,9 @@ class Sandbox:
         if self.sandboxed:
             env.update(HOME="/tmp/home", TMPDIR="/tmp", MPLCONFIGDIR="/tmp/mpl",
                        IPYTHONDIR="/tmp/ipython", GLOO_SOCKET_IFNAME="lo")
-            command = _bwrap_command(self.workdir, env) + [
+            self._hiding = tempfile.mkdtemp(prefix="course-hidden-")
+            mounts = hiding.overlays(hide, self._hiding) if hide else []
+            command = _bwrap_command(self.workdir, env, mounts) + [
                 sys.executable, "-m", COLLECTOR]
             popen_env = None
         else:
@@ -287,4 +297,6 @@ class Sandbox:
                 stream.close()
             except OSError:
                 pass
+        if self._hiding:
+            shutil.rmtree(self._hiding, ignore_errors=True)
         return killed

@@ -8,6 +8,10 @@ passed before:
    and the collector holds what runs a request from before the first student cell.
 2. The answers were reachable: course_lib/grading/ (inputs, formulas, references) could
    be imported and read in the sandbox. Now the sandbox mounts a stand-in there.
+3. The reference walk decided by names: a clone of the library's code, or a copy made
+   some other way, went past it. Now, while a lab is graded, the sandbox's copy of each
+   module holding one of its answers has a stand-in in its place (grading/hiding.py):
+   there is no code of the answer to clone, copy or call.
 6. What runs could differ from the notebook's text. Now such code is flagged by cell
    (and the judge, reading the text, sees the stub the text still holds).
 
@@ -91,6 +95,19 @@ def ring_shift(x):
 ring_shift.__code__ = _shift.__code__'''
 
 
+# door 3a: the library's ring shift rebuilt from its code object (no name to catch)
+CLONES_THE_CODE = '''import types
+from course_lib.collectives import p2p
+ring_shift = types.FunctionType(p2p.ring_shift.__code__, vars(p2p), "mine")'''
+# door 3b: the library's function, copied through pickle under another name
+COPIES_BY_PICKLE = '''import pickle
+import course_lib.collectives.p2p as helpers
+_copy = pickle.loads(pickle.dumps(helpers.ring_shift))
+
+def ring_shift(x):
+    return _copy(x)'''
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("doors")
@@ -104,6 +121,8 @@ def graded(tmp_path_factory):
                                after={"setup": REPLACES_THE_RUNNER}),
         "door2_inputs": edited(solution, ring_shift=IMPORTS_THE_INPUTS),
         "door2_formula": edited(solution, shard_bounds=READS_THE_FORMULA),
+        "door3_clone": edited(solution, ring_shift=CLONES_THE_CODE),
+        "door3_pickle": edited(solution, ring_shift=COPIES_BY_PICKLE),
         "door6_transformer": edited(solution, ring_shift=STUB_SHIFT,
                                     after={"setup": REWRITES_THE_CELLS}),
         "door6_code": edited(solution, ring_shift=SWAPS_THE_CODE),
@@ -151,3 +170,15 @@ def test_door_6_what_runs_is_what_the_text_says_or_a_flag(graded):
     # reads the notebook (the flag says why)
     assert scores(rows["door6_code"])[0::2] == (1, 1), rows["door6_code"]
     assert "swaps __code__" in rows["door6_code"]["flags"], rows["door6_code"]
+
+
+def test_door_3_the_librarys_answer_is_not_in_the_sandbox_to_copy(graded):
+    rows, details = graded
+    for student in ("door3_clone", "door3_pickle"):
+        assert scores(rows[student]) == (1, 0, 1), (student, rows[student])
+        message = details[(student, "Exercise 0.3")]["message"]
+        # refused by the source reader, stopped by the stand-in, or (the clone: the
+        # stand-in's code cannot even be rebuilt as the library's) never defined
+        assert any(why in message for why in (
+            "library's answer to Exercise 0.3", "course_lib's own implementation",
+            "does not define 'ring_shift'")), message

@@ -166,3 +166,36 @@ def test_nothing_of_the_grader_is_in_the_sandbox(tmp_path):
         assert "did not pass" in reply["outputs"][0]["text"] and "False" in reply["outputs"][0]["text"]
     finally:
         box.close()
+
+
+USES_THE_LIBRARYS_ANSWER = '''
+import inspect
+import torch
+from course_lib.collectives import ring
+from course_lib.collectives.ring import all_reduce
+try:
+    all_reduce(torch.ones(4))
+    print("ran")
+except ImportError as exc:
+    print("hidden:", exc)
+print("code there", "def _all_reduce" in inspect.getsource(ring))
+from course_lib.collectives import p2p   # another lab's answer stays
+print("other lab", callable(p2p.ring_shift) and "def ring_shift" in inspect.getsource(p2p))
+'''
+
+
+@NEEDS_BWRAP
+def test_the_labs_own_answers_are_stand_ins_while_it_is_graded(tmp_path):
+    """While Lab 01 is graded, the library's ring all-reduce is not in the sandbox: the name
+    imports (the package still works), any use raises naming the item, and its code is
+    not there to read; another lab's answers are untouched."""
+    box = Sandbox(tmp_path / "work", hide=("Exercise 1.4",))
+    try:
+        reply = box.ask({"op": "cell", "source": USES_THE_LIBRARYS_ANSWER}, 120)
+        text = "".join(o["text"] for o in reply["outputs"] if o.get("name") == "stdout")
+        assert reply["status"] == "ok", reply
+        assert "hidden: course_lib.collectives.ring.all_reduce is the library's answer to " \
+               "Exercise 1.4" in text, text
+        assert "code there False" in text and "other lab True" in text, text
+    finally:
+        box.close()
