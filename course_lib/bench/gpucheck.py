@@ -13,7 +13,8 @@ What it runs, each step in processes of its own:
 2. ``nbval``: ``pytest <notebook>`` (nbval, the notebooks' own defaults) one process
    per notebook, as ``pytest -n K --dist loadfile`` would (pytest-xdist is not a
    dependency of the course), ``--nbval-workers`` at once (default ``--parallel``).
-3. ``tests_gpu``: ``pytest tests/gpu`` (its tests skip where no GPU is seen).
+3. ``tests_gpu``: ``pytest tests/gpu tests/test_one_gpu_gloo.py`` (the first skip where no
+   GPU is seen; the second runs gloo ranks beside the GPU, the student's common case).
 4. ``benchmarks``: ``python -m course_lib.bench cp|fsdp|ep|ddp|checkpoint|launch`` one
    at a time, each with ``--json``: the numbers the bench's functions returned are kept
    in the summary with the ratios they give (:data:`course_lib.bench.reference.FIGURES`).
@@ -469,7 +470,10 @@ def main(argv=None):
     if run_tests:
         junit = work / "tests_gpu.xml"
         task = runall.Task(name="tests/gpu", pool="tests_gpu",
-                           argv=[py, "-m", "pytest", "tests/gpu", "-p", "no:cacheprovider",
+                           # the GPU tests, and one GPU with several gloo ranks (the
+                           # student's case: ranks stay off the GPU, FSDP2 included)
+                           argv=[py, "-m", "pytest", "tests/gpu", "tests/test_one_gpu_gloo.py",
+                                 "-p", "no:cacheprovider",
                                  "-q", "-rs", f"--junitxml={junit}"],
                            log=work / "logs" / "tests_gpu.log", cwd=str(root),
                            timeout=timeout["tests_gpu"], extra={"junit": junit})
