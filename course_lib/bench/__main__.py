@@ -3,6 +3,7 @@
     python -m course_lib.bench launch --nproc 4 --repeat 10  # first and warm run() calls
     python -m course_lib.bench collectives --nproc 4 --sizes 4K:64M --json out.json
     python -m course_lib.bench ddp --nproc 2 --bucket-mb 25 --sweep 1,4,16,64
+    python -m course_lib.bench ddp --nproc 1 --backend nccl --model gpt2-small --sweep ""
     python -m course_lib.bench fsdp --nproc 2 --dim 128 --layers 4
     python -m course_lib.bench pipeline --nproc 2 --json out.json
     python -m course_lib.bench tp --nproc 2 --dim 256 --heads 8   # ours vs torch DTensor vs t=1
@@ -45,10 +46,19 @@ def main(argv=None):
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="auto")
     p.add_argument("--bucket-mb", type=float, default=25.0)
-    p.add_argument("--sweep", default="1,4,16,64", help="bucket sizes (MB) to sweep")
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--sweep", default="1,4,16,64",
+                   help="bucket sizes (MB) to sweep ('' for no sweep)")
+    p.add_argument("--model", default="mlp", choices=("mlp", "gpt2-small"),
+                   help="mlp: --width x --depth Linear+ReLU, MSE; gpt2-small: the course's "
+                        "GPT at GPT-2 small's shape (vocab 50257, untied head: 163M)")
+    p.add_argument("--width", type=int, default=1024, help="mlp only")
+    p.add_argument("--depth", type=int, default=8, help="mlp only")
+    p.add_argument("--batch", type=int, default=None, help="rows (mlp, 64) or sequences "
+                                                           "(gpt2-small, 8) per rank")
+    p.add_argument("--seq", type=int, default=None, help="gpt2-small: tokens per sequence "
+                                                         "(1024)")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=None)
     p = sub.add_parser("fsdp", help="DDP, ZeRO-1, ZeRO-2, our FSDP and torch FSDP2: time and memory")
     p.add_argument("--nproc", type=int, default=2)
@@ -177,17 +187,26 @@ def main(argv=None):
         from course_lib.runtime.launcher import run
         from course_lib.trace.metrics import overlap_fraction
 
-        shape = dict(width=ns.width, depth=ns.depth, batch=ns.batch)
+        if ns.model == "mlp" and ns.seq is not None:
+            parser.error("--seq is for --model gpt2-small")
+        batch = ns.batch if ns.batch is not None else (64 if ns.model == "mlp" else 8)
+        shape = dict(width=ns.width, depth=ns.depth, batch=batch, model=ns.model, seq=ns.seq)
+        timing = dict(steps=ns.steps, rounds=ns.rounds)
         times = run(bd.measure, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
-                    timeout=3600, **shape)[0]
+                    timeout=3600, **shape, **timing)[0]
+        cost = run(bd.hook_cost, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
+                   timeout=3600, **shape, **timing)[0]
         traced = run(bd.traced_overlap, bucket_mb=ns.bucket_mb, nproc=ns.nproc,
                      backend=ns.backend, timeout=600, **shape)
         caps = [float(c) for c in ns.sweep.split(",") if c.strip()]
         sweep = run(bd.bucket_sweep, caps, nproc=ns.nproc, backend=ns.backend, timeout=3600,
-                    **shape)[0]
+                    **shape, **timing)[0] if caps else {}
         overlap = overlap_fraction(traced.trace, "comm", "compute")
+        print(f"model: {bd.describe(ns.model, ns.width, ns.depth, batch, ns.seq)}")
         print(bd.format_tables(times, sweep, overlap, ns.nproc, ns.bucket_mb))
-        result = {"step_s": times, "overlap": overlap, "buckets": traced[0],
+        print(bd.format_hook_cost(cost))
+        result = {"model": ns.model, "batch": batch, "step_s": times, "overlap": overlap,
+                  "buckets": traced[0], "hook_cost": cost,
                   "sweep": {str(k): {"ours_s": v[0], "torch_s": v[1]} for k, v in sweep.items()}}
     elif ns.what == "launch":
         from course_lib.bench.launch import bench_launch, format_launch

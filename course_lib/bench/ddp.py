@@ -1,10 +1,12 @@
 """Step time of NaiveDDP, FlatDDP, our DDP and torch's DistributedDataParallel,
 side by side in one job, plus compute only (no gradient sync) and the overlap
-fraction of our DDP read from a traced step; and a bucket-size sweep.
+fraction of our DDP read from a traced step; a bucket-size sweep; and what our
+per-parameter hooks cost, with no collective at all (:func:`hook_cost`).
 
-A step is zero_grad, forward, MSE loss, backward (with synchronisation), SGD
-step, on a deep MLP. Times are the slowest rank's mean per step, median over
-rounds in which the variants alternate.
+A step is zero_grad, forward, loss, backward (with synchronisation), SGD step,
+on a deep MLP (MSE loss) or, with ``model="gpt2-small"``, on the course's GPT at
+GPT-2 small's shape (cross-entropy on random tokens). Times are the slowest
+rank's mean per step, median over rounds in which the variants alternate.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from course_lib.runtime.backend import current_device
 from course_lib.runtime.device import sync
 from course_lib.data import regression_batch
 from course_lib.ddp import DDP, FlatDDP, NaiveDDP
-from course_lib.models import deep_mlp
+from course_lib.models import GPT, GPTConfig, deep_mlp, gpt_param_count
 
 
 class _Plain(torch.nn.Module):
@@ -35,6 +37,53 @@ class _Plain(torch.nn.Module):
         return self.module(x)
 
 
+MODELS = ("mlp", "gpt2-small")
+# GPT-2 small's shape with GPT-2's vocabulary. The course's GPT has an untied output
+# layer with a bias, so this is 163.06M parameters in 138 tensors (GPT-2's 124M,
+# which ties the output layer to the token embedding, plus 50257 x 769).
+GPT2_SMALL = dict(vocab=50257, dim=768, layers=12, heads=12, seq_len=1024)
+
+
+class _Workload:
+    """What a step trains: ``net(device)`` builds a fresh model (the same weights
+    every time), ``data(device)`` this rank's batch (x, y), ``loss(out, y)``.
+
+    "mlp": :func:`deep_mlp` of ``width`` x ``depth`` on ``batch`` rows, MSE loss.
+    "gpt2-small": :data:`GPT2_SMALL` on ``batch`` sequences of ``seq`` random tokens
+    (1024 by default; the position table keeps 1024 rows whatever ``seq``, so the
+    parameters do not change with it), cross-entropy; ``width``/``depth`` unused.
+    ``gpt``: GPTConfig fields that replace GPT-2 small's (the tests shrink it)."""
+
+    def __init__(self, model="mlp", width=1024, depth=8, batch=64, seq=None, gpt=None):
+        if model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+        self.model, self.width, self.depth, self.batch = model, width, depth, batch
+        if model == "gpt2-small":
+            shape = {**GPT2_SMALL, **(gpt or {})}
+            self.seq = shape["seq_len"] if seq is None else seq
+            self.config = GPTConfig(**{**shape, "seq_len": max(shape["seq_len"], self.seq)})
+            self.loss = _token_loss
+        else:
+            self.seq, self.config, self.loss = None, None, F.mse_loss
+
+    def net(self, device):
+        if self.config is None:
+            return _net(self.width, self.depth, device)
+        return GPT(self.config, seed=0).to(device)
+
+    def data(self, device):
+        if self.config is None:
+            return _batch(self.width, self.batch, device)
+        gen = torch.Generator(device="cpu").manual_seed(dist.get_rank())
+        tokens = torch.randint(self.config.vocab, (self.batch, self.seq + 1), generator=gen,
+                               device="cpu")
+        return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+def _token_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def _net(width, depth, device):
     return deep_mlp(width, depth, inputs=width, outputs=width).to(device)
 
@@ -44,29 +93,32 @@ def _torch_ddp(module, device, bucket_mb):
     return DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=bucket_mb)
 
 
-def _variants(width, depth, bucket_mb, device):
-    return {
-        "compute only": _Plain(_net(width, depth, device)),
-        "NaiveDDP": NaiveDDP(_net(width, depth, device)),
-        "FlatDDP": FlatDDP(_net(width, depth, device)),
-        "DDP (ours)": DDP(_net(width, depth, device), bucket_cap_mb=bucket_mb),
-        "torch DDP": _torch_ddp(_net(width, depth, device), device, bucket_mb),
-    }
+def _variants(work, bucket_mb, device):
+    """The MLP gets every variant; GPT-2 small only compute, ours and torch's (NaiveDDP
+    and FlatDDP teach on the MLP, and five copies of 163M parameters are a lot of memory)."""
+    variants = {"compute only": _Plain,
+                "NaiveDDP": NaiveDDP,
+                "FlatDDP": FlatDDP,
+                "DDP (ours)": lambda net: DDP(net, bucket_cap_mb=bucket_mb),
+                "torch DDP": lambda net: _torch_ddp(net, device, bucket_mb)}
+    if work.model != "mlp":
+        del variants["NaiveDDP"], variants["FlatDDP"]
+    return {name: wrap(work.net(device)) for name, wrap in variants.items()}
 
 
-def _step(model, opt, x, y):
+def _step(model, opt, x, y, loss_fn=F.mse_loss):
     opt.zero_grad(set_to_none=False)
-    F.mse_loss(model(x), y).backward()
+    loss_fn(model(x), y).backward()
     opt.step()
 
 
-def _time_steps(model, opt, x, y, steps, device):
+def _time_steps(model, opt, x, y, steps, device, loss_fn=F.mse_loss):
     """Mean seconds per step on the slowest rank, bracketed by device syncs."""
     dist.barrier()
     sync(device)
     start = time.perf_counter()
     for _ in range(steps):
-        _step(model, opt, x, y)
+        _step(model, opt, x, y, loss_fn)
     sync(device)
     elapsed = torch.tensor([(time.perf_counter() - start) / steps], device=device,
                            dtype=torch.float64)
@@ -80,63 +132,184 @@ def _batch(width, batch, device):
 
 
 @trace.paused()
-def measure(width=1024, depth=8, batch=64, bucket_mb=25.0, steps=5, rounds=3, warmup=2):
+def measure(width=1024, depth=8, batch=64, bucket_mb=25.0, steps=5, rounds=3, warmup=2,
+            model="mlp", seq=None, gpt=None):
     """{variant: seconds per step}, on every rank (run it under the launcher)."""
     device = current_device()
-    x, y = _batch(width, batch, device)
-    models = _variants(width, depth, bucket_mb, device)
+    work = _Workload(model, width, depth, batch, seq, gpt)
+    x, y = work.data(device)
+    models = _variants(work, bucket_mb, device)
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
-    for name, model in models.items():
+    for name, net in models.items():
         for _ in range(warmup):
-            _step(model, opts[name], x, y)
+            _step(net, opts[name], x, y, work.loss)
     samples = {k: [] for k in models}
     for _ in range(rounds):
-        for name, model in models.items():
-            samples[name].append(_time_steps(model, opts[name], x, y, steps, device))
+        for name, net in models.items():
+            samples[name].append(_time_steps(net, opts[name], x, y, steps, device, work.loss))
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _no_collective(tensor):
+    """DDP's all_reduce replaced by nothing: "reduced in place, synchronously" (the
+    callable form of ``all_reduce``), so the hooks, buckets and divisions all run."""
+    return None
+
+
+def _torch_no_collective(state, bucket):
+    """torch DDP's comm hook replaced by nothing: the bucket comes back as it went."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _timed(fn, total):
+    """``fn``, adding the nanoseconds each call takes to ``total[0]``."""
+    def timed(*args):
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            total[0] += time.perf_counter_ns() - start
+    return timed
+
+
+def _time_backwards(models, opts, x, y, loss_fn, steps, device, after_each=None):
+    """Seconds of each backward, [model][step], on the slowest rank: the forward
+    outside the clock, each backward bracketed by device syncs, the models taking
+    turns step by step. ``after_each()`` runs after each backward and returns one
+    more number per step (a row of its own, also the slowest rank's)."""
+    rows = len(models) + (after_each is not None)
+    times = torch.zeros(rows, steps, dtype=torch.float64)
+    for step in range(steps):
+        for i, (net, opt) in enumerate(zip(models, opts)):
+            opt.zero_grad(set_to_none=False)
+            loss = loss_fn(net(x), y)
+            sync(device)
+            start = time.perf_counter()
+            loss.backward()
+            sync(device)
+            times[i, step] = time.perf_counter() - start
+            opt.step()
+        if after_each is not None:
+            times[-1, step] = after_each()
+    times = times.to(device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return times.tolist()
+
+
+@trace.paused()
+def hook_cost(width=1024, depth=8, batch=64, bucket_mb=25.0, steps=5, rounds=3, warmup=2,
+              model="mlp", seq=None, gpt=None):
+    """What our DDP's per-parameter hooks cost, communication left out: the backward of
+    the same model plain (no hooks), under our DDP with its all-reduce replaced by
+    nothing (:func:`_no_collective`: hooks, bucket bookkeeping, the division by K and
+    the end-of-backward write-back all run) and under torch DDP with a comm hook that
+    returns its bucket untouched (torch's C++ reducer, for comparison). The three take
+    turns step by step, ``rounds`` x ``steps`` steps each.
+
+    Returns seconds: ``ours_s``/``torch_s``, the extra backward time per step over the
+    plain one (median over steps of the slowest rank's difference: a paired median, as
+    the extra is small beside a large model's backward); ``*_per_tensor_s``, that
+    divided by ``tensors`` (parameter tensors, one hook each); ``plain_backward_s``; and
+    ``ours_host_per_tensor_s``, host time inside our hook bodies and end-of-backward
+    callback per parameter tensor (clocked around each call in ``steps`` more steps; on
+    a GPU the host may run ahead of the device, and then this is not in ``ours_s``)."""
+    device = current_device()
+    work = _Workload(model, width, depth, batch, seq, gpt)
+    x, y = work.data(device)
+    plain = _Plain(work.net(device))
+    ours = DDP(work.net(device), bucket_cap_mb=bucket_mb, all_reduce=_no_collective)
+    theirs = _torch_ddp(work.net(device), device, bucket_mb)
+    theirs.register_comm_hook(None, _torch_no_collective)
+    models = [plain, ours, theirs]
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
+    _time_backwards(models, opts, x, y, work.loss, warmup, device)
+    base, extra = [], {"ours": [], "torch": []}
+    for _ in range(rounds):
+        dist.barrier()
+        plain_s, ours_s, torch_s = _time_backwards(models, opts, x, y, work.loss, steps, device)
+        base += plain_s
+        extra["ours"] += [o - p for o, p in zip(ours_s, plain_s)]
+        extra["torch"] += [t - p for t, p in zip(torch_s, plain_s)]
+    # host time in our hooks: the same DDP, its hooks and end-of-backward callback clocked
+    total = [0]
+    ours.remove_hooks()
+    for p in ours.params:
+        ours._register(p, _timed(ours._hook, total))
+    ours._finish = _timed(DDP._finish.__get__(ours), total)
+
+    def host_s():
+        ns, total[0] = total[0], 0
+        return ns * 1e-9
+
+    dist.barrier()
+    host = _time_backwards([ours], [opts[1]], x, y, work.loss, steps, device, host_s)[-1]
+    tensors = len(ours.params)
+    result = {"tensors": tensors, "plain_backward_s": statistics.median(base)}
+    for who in ("ours", "torch"):
+        result[f"{who}_s"] = statistics.median(extra[who])
+        result[f"{who}_per_tensor_s"] = result[f"{who}_s"] / tensors
+    result["ours_host_per_tensor_s"] = statistics.median(host) / tensors
+    return result
+
+
+def format_hook_cost(cost):
+    us, n = 1e6, cost["tensors"]
+    return (f"our hooks: {cost['ours_per_tensor_s'] * us:.1f} us per parameter tensor "
+            f"({n} tensors), {cost['ours_s'] * 1e3:.2f} ms per step\n"
+            f"  (extra backward time with no collective, over a plain backward of "
+            f"{cost['plain_backward_s'] * 1e3:.1f} ms; host time in our hook bodies: "
+            f"{cost['ours_host_per_tensor_s'] * us:.1f} us per tensor)\n"
+            f"torch DDP's reducer, the same way: {cost['torch_per_tensor_s'] * us:.1f} us per "
+            f"parameter tensor, {cost['torch_s'] * 1e3:.2f} ms per step")
 
 
 def _library_ddp(module, bucket_cap_mb):
     return DDP(module, bucket_cap_mb=bucket_cap_mb)
 
 
-def traced_overlap(width=1024, depth=8, batch=64, bucket_mb=25.0, make_ddp=None):
+def traced_overlap(width=1024, depth=8, batch=64, bucket_mb=25.0, make_ddp=None, model="mlp",
+                   seq=None, gpt=None):
     """One traced step of a DDP (``make_ddp(module, bucket_cap_mb)``, ours by
     default, the student's in Lab 02): forward, backward's gradient computation
     and each bucket's all-reduce. Returns the number of buckets."""
     device = current_device()
-    x, y = _batch(width, batch, device)
-    net = _net(width, depth, device)
+    work = _Workload(model, width, depth, batch, seq, gpt)
+    x, y = work.data(device)
+    net = work.net(device)
     trace.trace_backward(net)
-    model = (make_ddp or _library_ddp)(net, bucket_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    ddp = (make_ddp or _library_ddp)(net, bucket_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     with trace.paused():
         for _ in range(2):  # the second step runs on buckets rebuilt in ready order
-            _step(model, opt, x, y)
+            _step(ddp, opt, x, y, work.loss)
     dist.barrier()
     with trace.span("forward", "compute"):
-        loss = F.mse_loss(model(x), y)
+        loss = work.loss(ddp(x), y)
     loss.backward()
-    return len(model.buckets)
+    return len(ddp.buckets)
 
 
 @trace.paused()
-def bucket_sweep(bucket_mbs, width=1024, depth=8, batch=64, steps=5, rounds=3, make_ddp=None):
+def bucket_sweep(bucket_mbs, width=1024, depth=8, batch=64, steps=5, rounds=3, make_ddp=None,
+                 model="mlp", seq=None, gpt=None):
     """{bucket_mb: (ours, torch)} seconds per step; "ours" is ``make_ddp``'s."""
     device = current_device()
-    x, y = _batch(width, batch, device)
+    work = _Workload(model, width, depth, batch, seq, gpt)
+    x, y = work.data(device)
     result = {}
     for cap in bucket_mbs:
-        pair = {"ours": (make_ddp or _library_ddp)(_net(width, depth, device), cap),
-                "torch": _torch_ddp(_net(width, depth, device), device, cap)}
+        pair = {"ours": (make_ddp or _library_ddp)(work.net(device), cap),
+                "torch": _torch_ddp(work.net(device), device, cap)}
         opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in pair.items()}
         for k, m in pair.items():
             for _ in range(2):
-                _step(m, opts[k], x, y)
+                _step(m, opts[k], x, y, work.loss)
         samples = {k: [] for k in pair}
         for _ in range(rounds):
             for k, m in pair.items():
-                samples[k].append(_time_steps(m, opts[k], x, y, steps, device))
+                samples[k].append(_time_steps(m, opts[k], x, y, steps, device, work.loss))
         result[cap] = (statistics.median(samples["ours"]), statistics.median(samples["torch"]))
     return result
 
@@ -188,6 +361,19 @@ def profiled_step(path, width=1024, depth=8, batch=64, bucket_mb=4.0):
     return prof.key_averages().table(sort_by=sort, row_limit=8)
 
 
+def describe(model="mlp", width=1024, depth=8, batch=64, seq=None, gpt=None):
+    """One line: the model, its parameters and tensors, the batch of each rank."""
+    work = _Workload(model, width, depth, batch, seq, gpt)
+    if work.config is None:
+        params = width * width * (depth + 1) + width * (depth + 1)
+        return (f"mlp {width} x {depth} + 1 ({params / 1e6:.1f}M parameters, "
+                f"{2 * (depth + 1)} tensors), batch {batch} per rank")
+    c = work.config
+    return (f"gpt2-small, the course's GPT: {c.layers} layers, dim {c.dim}, {c.heads} heads, "
+            f"vocab {c.vocab}, untied head ({gpt_param_count(c) / 1e6:.1f}M parameters, "
+            f"{11 * c.layers + 6} tensors), batch {batch} x {work.seq} tokens per rank")
+
+
 def format_tables(times, sweep, overlap, nproc, bucket_mb):
     torch_t = times["torch DDP"]
     lines = [f"DDP step time on {nproc} ranks, bucket_cap_mb={bucket_mb:g}:",
@@ -195,6 +381,8 @@ def format_tables(times, sweep, overlap, nproc, bucket_mb):
     for name, t in times.items():
         lines.append(f"{name:>14} {t * 1e3:>9.1f} {t / torch_t:>13.2f}")
     lines.append(f"overlap of our bucket all-reduces with backward: {overlap:.0%}")
+    if not sweep:
+        return "\n".join(lines)
     lines.append("")
     lines.append(f"{'bucket MB':>10} {'ours ms':>9} {'torch ms':>9} {'ratio':>6}")
     for cap, (ours, theirs) in sweep.items():

@@ -81,7 +81,10 @@ class DDP(_DataParallel):
 
     def _use_plan(self, plan):
         self.buckets = [Bucket(i, [self.params[j] for j in idx]) for i, idx in enumerate(plan)]
-        self._locate = {id(p): (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+        # id(parameter) -> (its index in self.params, its bucket, its slot there): one
+        # lookup per hook call
+        self._locate = {id(self.params[j]): (j, b, k)
+                        for b, idx in zip(self.buckets, plan) for k, j in enumerate(idx)}
 
     @property
     def bucket_plan(self):
@@ -141,13 +144,13 @@ class DDP(_DataParallel):
             self._queued = True
             self.launched = []
             _queue_end_of_backward(self._finish)
-        index = self._index[id(param)]
+        index, bucket, slot = self._locate[id(param)]
         self._used[index] = True
         if not self.rebuilt:
             self.ready_order.append(index)
-        bucket, slot = self._locate[id(param)]
         bucket.mark_ready(slot, param.grad, self._divisor)
-        if self.overlap:
+        # only a bucket that has just become complete can let buckets be launched
+        if self.overlap and not bucket.pending:
             self._launch_ready()
 
     def _launch(self, bucket):
@@ -160,10 +163,14 @@ class DDP(_DataParallel):
     def _launch_ready(self):
         """Launch buckets strictly in bucket order, as soon as each is complete,
         so that every rank issues the same collectives in the same order."""
-        while self._next < len(self.buckets) and self.buckets[self._next].complete:
-            bucket = self.buckets[self._next]
-            bucket.work = trace.async_span(f"bucket {bucket.index}", "comm", self._launch(bucket),
-                                           bytes=bucket.buffer.nbytes)
+        buckets, tracing = self.buckets, trace.get_tracer() is not None
+        while self._next < len(buckets) and buckets[self._next].complete:
+            bucket = buckets[self._next]
+            work = self._launch(bucket)
+            if tracing:
+                work = trace.async_span(f"bucket {bucket.index}", "comm", work,
+                                        bytes=bucket.buffer.nbytes)
+            bucket.work = work
             self.launched.append(bucket.index)
             self._next += 1
 

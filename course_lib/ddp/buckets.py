@@ -62,6 +62,7 @@ class Bucket:
             self.offsets.append(total)
             total += p.numel()
         self.buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        self._views, self._views_of = None, None
         self.reset()
 
     def reset(self):
@@ -72,23 +73,33 @@ class Bucket:
     def complete(self):
         return self.pending == 0
 
+    def _slices(self):
+        """Each parameter's slice of the buffer, made once (slicing costs a tensor per call,
+        and the hooks ask at every gradient); made again if ``buffer`` is replaced."""
+        if self._views_of is not self.buffer:
+            self._views = [self.buffer[start:start + p.numel()]
+                           for start, p in zip(self.offsets, self.params)]
+            self._views_of = self.buffer
+        return self._views
+
     def _view(self, slot):
-        start = self.offsets[slot]
-        return self.buffer[start:start + self.params[slot].numel()]
+        return self._slices()[slot]
 
     def mark_ready(self, slot, grad, world):
         """Put one gradient in, pre-divided by K, so that a SUM all-reduce leaves
         the average. After the first step each .grad *is* a view of the buffer
         (torch's gradient_as_bucket_view), so autograd accumulates straight into
-        the bucket and this is a division in place, not a copy."""
+        the bucket and this is a division in place, not a copy (none at all when
+        K is 1: one kernel less per gradient on one GPU)."""
         if self.ready[slot]:
             raise RuntimeError(
                 f"the gradient of a parameter in bucket {self.index} became ready twice in one "
                 "backward pass. DDP synchronises once per backward: call backward once per "
                 "step, or use no_sync() for the extra passes.")
-        view = self._view(slot)
+        view = self._slices()[slot]
         if grad.data_ptr() == view.data_ptr():
-            view.div_(world)
+            if world != 1:
+                view.div_(world)
         else:
             torch.div(grad.reshape(-1), world, out=view)
         self.ready[slot] = True
@@ -105,11 +116,11 @@ class Bucket:
         """Make every .grad the averaged slice of the buffer (a view: no copy).
         Parameters whose id is in ``keep`` (no rank used them) keep their ``.grad`` as it
         was, None included, as torch does with ``find_unused_parameters``."""
-        for slot, p in enumerate(self.params):
+        for p, view in zip(self.params, self._slices()):
             if id(p) in keep:
                 continue
-            view = self._view(slot)
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+            grad = p.grad
+            if grad is None or grad.data_ptr() != view.data_ptr():
                 p.grad = view.view_as(p)
 
 
