@@ -102,7 +102,8 @@ def acquire(nproc, backend, timeout, fresh=False, rules=False):
     with _lock:
         job = _jobs.pop(key, None)
         _cancel_timer(job)
-        if job is not None and (fresh or not job.job.alive()
+        # warm ranks turned off since the job was kept: it is not handed out again
+        if job is not None and (fresh or not enabled() or not job.job.alive()
                                 or time.monotonic() - job.last_used > job.idle_s):
             discard(job)
             job = None

@@ -69,6 +69,15 @@ def test_one_warm_job_replaces_another_when_the_limit_is_one(monkeypatch):
     assert not any(p.pid in two for p in stray_processes())
 
 
+def test_turning_warm_ranks_off_stops_handing_out_the_kept_job(monkeypatch):
+    """COURSE_LIB_WARM=0 set after a job was kept: the next call is a fresh job (its
+    environment, its processes), not the kept one, and it is not kept either."""
+    kept = pids()
+    monkeypatch.setenv("COURSE_LIB_WARM", "0")
+    off = pids()
+    assert set(off).isdisjoint(kept) and set(pids()).isdisjoint(off)
+
+
 def test_a_call_after_a_failure_uses_a_fresh_job():
     before = pids()
     with pytest.raises(LaunchError):
