@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +21,7 @@ def notebook(folder, name, code):
     nbformat.write(nb, folder / name)
 
 
+@pytest.mark.slow  # three kernels and a 30 s wall timeout: `make test-slow` (CI runs it)
 def test_notebooks_side_by_side_each_in_its_own_process(tmp_path):
     sols, out = tmp_path / "solutions", tmp_path / "out"
     sols.mkdir()
@@ -36,7 +38,7 @@ def test_notebooks_side_by_side_each_in_its_own_process(tmp_path):
     assert rows["01_fine.ipynb"]["status"] == "ok"
     assert "broken on purpose" in rows["02_broken.ipynb"]["error"]
     assert rows["03_hung.ipynb"]["error"].startswith("Timeout: stopped after")
-    assert 25 < float(rows["03_hung.ipynb"]["seconds"]) < 120
+    assert float(rows["03_hung.ipynb"]["seconds"]) >= 29  # stopped at its timeout, not before
     # each notebook's output went to its own log, beside the executed notebooks
     assert "broken on purpose" in (out / "logs" / "02_broken.log").read_text()
     assert (out / "01_fine.ipynb").is_file() and (out / "logs" / "01_fine.result.json").is_file()
