@@ -27,10 +27,17 @@ tempfile.tempdir = None
 # session starts then sees one GPU (tests/gpu_lookalike), as on a student's one-GPU
 # machine, while real CUDA work raises there; a rank that reaches for the GPU beside
 # its gloo backend fails the test. This process keeps its own view (no GPU).
+LOOKALIKE = Path(__file__).resolve().parent / "gpu_lookalike"
+
+
+def path_with_lookalike():
+    """PYTHONPATH with tests/gpu_lookalike first (its sitecustomize runs in every process
+    started with it; COURSE_LIB_GPU_LOOKALIKE says what it does)."""
+    return os.pathsep.join(p for p in (str(LOOKALIKE), os.environ.get("PYTHONPATH")) if p)
+
+
 if os.environ.get("COURSE_LIB_GPU_LOOKALIKE") == "1":
-    _lookalike = str(Path(__file__).resolve().parent / "gpu_lookalike")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_lookalike, os.environ.get("PYTHONPATH")) if p)
+    os.environ["PYTHONPATH"] = path_with_lookalike()
 # Tests run at world sizes 1 to 8, module after module: keep more warm jobs than a kernel
 # needs (3), so that fewer calls pay for a cold start (tests of the limit set their own)
 os.environ.setdefault("COURSE_LIB_WARM_MAX", "6")
@@ -180,3 +187,15 @@ def needs_gpus(count):
         reason=f"needs {'a CUDA GPU' if count == 1 else f'{count} CUDA GPUs'} and NCCL "
                f"(torch sees {gpus} GPU(s), NCCL "
                f"{'available' if dist.is_nccl_available() else 'missing'})")
+
+
+def run_bench(tmp_path, what, *args, timeout=300):
+    """``python -m course_lib.bench <what> <args> --json <file>`` as a user runs it:
+    (the finished process, the JSON it wrote or None when it failed)."""
+    import json
+    import subprocess
+
+    out = tmp_path / f"{what}.json"
+    proc = subprocess.run([sys.executable, "-m", "course_lib.bench", what, *map(str, args),
+                           "--json", str(out)], capture_output=True, text=True, timeout=timeout)
+    return proc, (json.loads(out.read_text()) if proc.returncode == 0 else None)

@@ -18,25 +18,20 @@ The notebook side (this pytest process) is not patched: it sees no GPU and picks
 as a one-GPU machine does for two ranks.
 """
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ship_by_value
+from conftest import path_with_lookalike, ship_by_value
 from course_lib import run
 
 ship_by_value(__name__)
-
-LOOKALIKE = Path(__file__).resolve().parent / "gpu_lookalike"
-
 
 def lookalike(monkeypatch, mode):
     """Jobs started from now on see one GPU (``mode``: see tests/gpu_lookalike); each
     call is a fresh job, never kept warm, so no later test inherits the patched ranks."""
     monkeypatch.setenv("COURSE_LIB_GPU_LOOKALIKE", mode)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(LOOKALIKE), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PYTHONPATH", path_with_lookalike())
     monkeypatch.setenv("COURSE_LIB_WARM", "0")
 
 

@@ -184,6 +184,7 @@ def main(argv=None):
         print(bf.format_table(result, ns.nproc))
     elif ns.what == "ddp":
         from course_lib.bench import ddp as bd
+        from course_lib.bench import ddp_hooks as bdh
         from course_lib.runtime.launcher import run
         from course_lib.trace.metrics import overlap_fraction
 
@@ -194,7 +195,7 @@ def main(argv=None):
         timing = dict(steps=ns.steps, rounds=ns.rounds)
         times = run(bd.measure, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
                     timeout=3600, **shape, **timing)[0]
-        cost = run(bd.hook_cost, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
+        cost = run(bdh.hook_cost, bucket_mb=ns.bucket_mb, nproc=ns.nproc, backend=ns.backend,
                    timeout=3600, **shape, **timing)[0]
         traced = run(bd.traced_overlap, bucket_mb=ns.bucket_mb, nproc=ns.nproc,
                      backend=ns.backend, timeout=600, **shape)
@@ -204,7 +205,7 @@ def main(argv=None):
         overlap = overlap_fraction(traced.trace, "comm", "compute")
         print(f"model: {bd.describe(ns.model, ns.width, ns.depth, batch, ns.seq)}")
         print(bd.format_tables(times, sweep, overlap, ns.nproc, ns.bucket_mb))
-        print(bd.format_hook_cost(cost))
+        print(bdh.format_hook_cost(cost))
         result = {"model": ns.model, "batch": batch, "step_s": times, "overlap": overlap,
                   "buckets": traced[0], "hook_cost": cost,
                   "sweep": {str(k): {"ours_s": v[0], "torch_s": v[1]} for k, v in sweep.items()}}

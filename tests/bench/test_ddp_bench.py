@@ -2,17 +2,16 @@
 here through ``gpt``) builds its variants, the hook-cost figure (our per-parameter hooks
 with no collective, against a plain backward) comes out in the result and in the CLI's
 output. No assertion on time beyond "a positive number"."""
-import json
 import math
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ship_by_value
+from conftest import run_bench, ship_by_value
 from course_lib import run
 from course_lib.bench import ddp as bd
+from course_lib.bench import ddp_hooks as bdh
 from course_lib.models import GPT, GPTConfig
 
 ship_by_value(__name__)
@@ -47,7 +46,7 @@ def test_gpt_model_runs_compute_ours_and_torch_side_by_side():
 @pytest.mark.parametrize("shape", [GPT_SHAPE, dict(width=32, depth=3, batch=4)],
                          ids=["gpt", "mlp"])
 def test_hook_cost_is_a_positive_figure_per_parameter_tensor(shape):
-    cost = run(bd.hook_cost, steps=5, rounds=3, nproc=2, timeout=300, **shape)
+    cost = run(bdh.hook_cost, steps=5, rounds=3, nproc=2, timeout=300, **shape)
     assert cost[0] == cost[1]
     cost = cost[0]
     assert set(cost) == COST_KEYS
@@ -56,20 +55,16 @@ def test_hook_cost_is_a_positive_figure_per_parameter_tensor(shape):
     assert cost["ours_per_tensor_s"] > 0 and cost["ours_host_per_tensor_s"] > 0
     assert cost["ours_per_tensor_s"] == pytest.approx(cost["ours_s"] / cost["tensors"])
     assert math.isfinite(cost["torch_per_tensor_s"]) and cost["plain_backward_s"] > 0
-    line = bd.format_hook_cost(cost).splitlines()[0]
+    line = bdh.format_hook_cost(cost).splitlines()[0]
     assert re.fullmatch(rf"our hooks: [\d.]+ us per parameter tensor \({expected} tensors\), "
                         r"[\d.]+ ms per step", line)
 
 
 @pytest.mark.slow
 def test_cli_prints_the_hook_cost_and_returns_it(tmp_path):
-    out = tmp_path / "ddp.json"
-    proc = subprocess.run([sys.executable, "-m", "course_lib.bench", "ddp", "--nproc", "2",
-                           "--width", "32", "--depth", "2", "--batch", "4", "--sweep", "1",
-                           "--steps", "3", "--rounds", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc, result = run_bench(tmp_path, "ddp", "--nproc", 2, "--width", 32, "--depth", 2,
+                             "--batch", 4, "--sweep", 1, "--steps", 3, "--rounds", 2)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
     assert result["model"] == "mlp" and set(result["hook_cost"]) == COST_KEYS
     cost = result["hook_cost"]
     # six paired steps: the extra time may come out at noise level; the host time may not

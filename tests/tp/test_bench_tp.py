@@ -1,19 +1,14 @@
-import pytest
 """The tensor-parallel benchmark end to end (tiny sizes): shape of its output, never time."""
-import json
-import subprocess
-import sys
+import pytest
+
+from conftest import run_bench
 
 
 @pytest.mark.slow
 def test_tp_benchmark_compares_ours_torch_and_dense_in_one_job(tmp_path):
-    out = tmp_path / "tp.json"
-    proc = subprocess.run([sys.executable, "-m", "course_lib.bench", "tp", "--nproc", "2",
-                           "--dim", "16", "--heads", "4", "--seq", "6", "--batch", "3",
-                           "--steps", "1", "--rounds", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc, result = run_bench(tmp_path, "tp", "--nproc", 2, "--dim", 16, "--heads", 4,
+                             "--seq", 6, "--batch", 3, "--steps", 1, "--rounds", 1)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
     assert set(result["step_s"]) == {"ours", "torch", "dense"}
     assert all(v > 0 for v in result["step_s"].values())
     assert all(diff < 1e-5 for diff in result["max_diff"].values())  # all three agree
