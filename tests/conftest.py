@@ -156,18 +156,19 @@ def sandbox(tmp_path_factory):
     assert not killed, f"the sandbox's processes had to be killed: {killed}"
 
 
-def judged(box, check, *student, **options):
+def judged(box, check, *student, seed=None, **options):
     """``check(*student, **options)`` decided as the gradebook's judge decides it: the
     student's objects (shipped by value) live in the sandbox ``box``, the requests run
-    there, and the comparison happens here. Returns the pass line or raises as the
-    check does (CheckFailed, NotImplementedError)."""
+    there, and the comparison happens here; with ``seed``, on the hidden settings it
+    draws too. Returns the pass line or raises as the check does (CheckFailed,
+    NotImplementedError)."""
     from course_lib.grading.judge import judge_check
 
     names = []
     for index, obj in enumerate(student):
         names.append(f"_student_{index}")
         box.ask({"op": "define", "name": names[-1], "value": obj}, 60)
-    return judge_check(check, names, options, box.ask)
+    return judge_check(check, names, options, box.ask, seed=seed)
 
 
 def ship_by_value(module_name):

@@ -146,8 +146,12 @@ def _refuse_references(exercise, objects):
 
 
 # ---- a check: a generator of requests, driven here or by the gradebook's judge ---------------
-def check(exercise):
+def check(exercise, hidden=None):
     """Make a generator of :mod:`~course_lib.grading.requests` a check of ``exercise``.
+
+    ``hidden(rng)`` (a :class:`random.Random`) draws options for one more run that only
+    the gradebook's judge makes, seeded per submission and never shown: settings a
+    student has not seen, so that a table of the visible cases' answers fails there.
 
     The generator takes the student's objects (positional) and options (keywords),
     yields a request whenever it needs the student's code run, receives the answer as
@@ -181,8 +185,15 @@ def check(exercise):
 
         in_this_process.exercise = exercise
         in_this_process.steps = steps
+        in_this_process.hidden = hidden
         return in_this_process
     return wrap
+
+
+def reseeded(rng):
+    """The hidden settings of a check whose cases come from ``random.Random(seed)``: another
+    seed, so that a table of the visible cases' answers does not cover them."""
+    return {"seed": rng.randrange(2**31)}
 
 
 def drive(generator, answer):

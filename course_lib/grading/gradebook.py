@@ -25,6 +25,12 @@ Written as students are graded (a stop half-way leaves everyone graded so far):
 - ``feedback/<student>.md`` and ``executed/<student>/<notebook>`` (the notebook as
   it ran), beside the CSV (``--files``); what the notebooks write goes to
   ``outputs/<student>/<notebook>/``, never into the submissions folder.
+
+Every check also runs on settings drawn for each student and never shown (a
+prediction on numbers it has not seen, a collective on sizes not in the notebook).
+The draw comes from the class's secret: ``--secret-file`` (default
+``<files>/hidden-settings.key``, made on first use; give every ``--slice`` the same
+file) or ``COURSE_LIB_GRADING_SECRET``; ``--no-hidden`` grades the visible settings only.
 """
 from __future__ import annotations
 
@@ -68,6 +74,24 @@ class Settings:
     params: dict = field(default_factory=dict)
     full: bool = False  # every cell, not only what the checks need
     sandboxed: bool | None = None  # None: the sandbox wherever it can start
+    secret: str | None = None  # draws each student's hidden settings; None: none drawn
+
+
+SECRET_FILE = "hidden-settings.key"
+
+
+def class_secret(path):
+    """The secret behind the hidden settings: ``COURSE_LIB_GRADING_SECRET``, else the
+    file ``path`` (made, readable by its owner only, the first time)."""
+    if os.environ.get("COURSE_LIB_GRADING_SECRET"):
+        return os.environ["COURSE_LIB_GRADING_SECRET"]
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(16).hex() + "\n")
+    return path.read_text().strip()
 
 
 def grade_notebook(student, path, name, nb, lab, settings):
@@ -84,7 +108,8 @@ def grade_notebook(student, path, name, nb, lab, settings):
     graded.flags += integrity.scan(student_cells, lab.code_sources, lab.exercise_ids)
     judged = judge_notebook(prepared, lab, checks, outputs, full=settings.full,
                             timeout=settings.timeout, cell_timeout=settings.cell_timeout,
-                            sandboxed=settings.sandboxed)
+                            sandboxed=settings.sandboxed,
+                            hidden=(settings.secret, student) if settings.secret else None)
     graded.status, graded.detail, graded.seconds = judged.status, judged.detail, judged.seconds
     if judged.status == "ok" and judged.timed_out:
         graded.detail = ", ".join(f"cell {i + 1}" for i in sorted(judged.timed_out)) + \
@@ -132,11 +157,13 @@ def _inside(path, folder):
 
 def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, timeout=900.0,
               cell_timeout=300.0, jobs=1, part=(0, 1), only=None, params=None, full=False,
-              sandboxed=None):
+              sandboxed=None, secret_file=None, hidden=True):
     """Grade every submission in ``folder`` (those of slice ``part`` = (i, n)); returns
-    (exercise columns, rows). Rows and feedback are written as students finish."""
+    (exercise columns, rows). Rows and feedback are written as students finish. With
+    ``hidden``, each check also runs on settings drawn from the class's secret
+    (:func:`class_secret` of ``secret_file``, default ``<files>/hidden-settings.key``)."""
     files = Path(files) if files is not None else Path(out).parent
-    for path in (out, files):
+    for path in (out, files, secret_file or files):
         if _inside(path, folder):
             raise ValueError(f"{path} is inside the submissions folder {folder}: grading "
                              f"writes nothing there")
@@ -160,7 +187,8 @@ def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, ti
     index, count = part
     mine = submissions[index::count]
     book = Book(out, files, columns)
-    settings = Settings(files, timeout, cell_timeout, dict(params or {}), full, sandboxed)
+    secret = class_secret(secret_file or files / SECRET_FILE) if hidden else None
+    settings = Settings(files, timeout, cell_timeout, dict(params or {}), full, sandboxed, secret)
     tasks = [(sub.student, path, str(path.relative_to(Path(folder) / sub.student))
               if path.parent != Path(folder) else path.name) for sub in mine for path in sub.notebooks]
     pending = {sub.student: len(sub.notebooks) for sub in mine}
@@ -240,6 +268,11 @@ def main(argv=None):
     parser.add_argument("--full", action="store_true",
                         help="run every cell (demos, measurements, plots), not only what the "
                              "checks need, and keep all outputs in executed/")
+    parser.add_argument("--secret-file", default=None,
+                        help="the class's secret for the hidden settings (default: "
+                             f"<files>/{SECRET_FILE}, made on first use)")
+    parser.add_argument("--no-hidden", action="store_true",
+                        help="grade only the settings the notebooks show")
     ns = parser.parse_args(argv)
     if not Path(ns.submissions).is_dir():
         print(f"error: no submissions folder {ns.submissions!r}", file=sys.stderr)
@@ -253,7 +286,7 @@ def main(argv=None):
     try:
         columns, rows = gradebook(ns.submissions, ns.solutions, ns.out, ns.files, ns.timeout,
                                   ns.cell_timeout, ns.jobs, ns.slice, ns.lab, dict(ns.param),
-                                  ns.full)
+                                  ns.full, secret_file=ns.secret_file, hidden=not ns.no_hidden)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,13 +28,16 @@ collector answers again), and a collector that dies ends the notebook's run.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
+import random
+import re
 import time
 from dataclasses import dataclass, field
 
 from nbformat.v4 import new_output
 
-from course_lib.grading import checks
+from course_lib.grading import checks, ids
 from course_lib.grading.requests import (Student, here, inspect_students, interpret,
                                          not_implemented)
 from course_lib.grading.sandbox import Sandbox, SandboxError
@@ -103,9 +106,33 @@ def cells_to_run(nb, lab, checks_by_id, full):
     return chosen
 
 
+def hidden_seed(secret, student, exercise):
+    """The seed of ``exercise``'s hidden settings for ``student``: the class's secret
+    (held by the instructor, never in the sandbox) decides it, so a student cannot work
+    it out, and regrading the class draws the same settings."""
+    text = f"{secret}\0{student}\0{ids.normalize(exercise)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+_NUMBER = re.compile(r"\d[\d,_]*(\.\d+)?(e[+-]?\d+)?")
+_LONG_NUMBER = re.compile(r"\d[\d,_]*\d(\.\d+)?(e[+-]?\d+)?|\d\.\d+(e[+-]?\d+)?")
+
+
+def hidden_failure(exercise, exc):
+    """What a failure on the hidden settings says: what went wrong, with the setting's
+    numbers masked (every number of the first line, those of two digits or more after
+    it), so that feedback never shows the drawn values."""
+    first, _, rest = str(exc).partition("\n")
+    first = _NUMBER.sub("#", first.removeprefix(f"{exercise}: "))
+    rest = _LONG_NUMBER.sub("#", rest)
+    return (f"{exercise}: the settings shown in the notebook passed, but settings the grader "
+            f"drew for this submission (not shown) did not: {first}" + (f"\n{rest}" if rest else ""))
+
+
 class _Run:
-    def __init__(self, nb, lab, checks_by_id, sandbox, deadline, cell_timeout):
+    def __init__(self, nb, lab, checks_by_id, sandbox, deadline, cell_timeout, hidden=None):
         self.nb, self.lab, self.checks_by_id = nb, lab, checks_by_id
+        self.hidden = hidden  # (secret, student): draw hidden settings; None: visible only
         self.sandbox, self.deadline, self.cell_timeout = sandbox, deadline, cell_timeout
         self.source = Source([(i, c.source) for i, c in enumerate(nb.cells)
                               if c.cell_type == "code" and c.get("id") not in checks_by_id])
@@ -176,20 +203,24 @@ class _Run:
         def ask(message, timeout):
             return self.ask(message, timeout, index)
 
+        seed = hidden_seed(*self.hidden, fn.exercise) if self.hidden else None
         return judge_check(fn, names, options, ask, self.source, index,
-                           here_timeout=self.cell_timeout)
+                           here_timeout=self.cell_timeout, seed=seed)
 
 
 class _Timeout(Exception):
     pass
 
 
-def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=300.0):
+def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=300.0,
+                seed=None):
     """Decide one call of check ``fn`` on the student's objects ``names`` (with ``options``):
     returns the pass line, or raises CheckFailed / NotImplementedError. ``ask(message,
     timeout)`` gets the collector's reply (None when it was interrupted); ``source`` (a
     :class:`~course_lib.grading.source.Source`) is the student's code, read for stubs and
-    course_lib's implementations in the cells before ``before``."""
+    course_lib's implementations in the cells before ``before``. With ``seed``, a check
+    that draws hidden settings (``fn.hidden``) runs on them too, after the visible ones
+    pass; its failure there is told without the drawn numbers (:func:`hidden_failure`)."""
     exercise = fn.exercise
     found = []
     if source is not None:
@@ -223,6 +254,13 @@ def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=
         return interpret(exercise, request, outcome)
 
     detail = checks.drive(fn.steps(*(Student(n) for n in names), **options), answer)
+    if seed is not None and fn.hidden is not None:
+        drawn = fn.hidden(random.Random(seed))
+        try:
+            checks.drive(fn.steps(*(Student(n) for n in names), **{**options, **drawn}), answer)
+        except checks.CheckFailed as exc:
+            raise checks.CheckFailed(hidden_failure(exercise, exc), exercise=exercise) from None
+        detail = (detail + "; " if detail else "") + "and on settings drawn for this submission"
     return f"{checks.PASS_MARK} {exercise} passed" + (f" ({detail})" if detail else "")
 
 
@@ -248,10 +286,11 @@ def _outputs(reply):
 
 
 def judge_notebook(nb, lab, checks_by_id, workdir, *, full=False, timeout=900.0,
-                   cell_timeout=300.0, sandboxed=None):
+                   cell_timeout=300.0, sandboxed=None, hidden=None):
     """Run ``nb`` (prepared: ``checks_by_id`` maps its restored check cells' ids to
     exercises) against ``lab``; returns a :class:`Judged`. Never raises for what the
-    notebook does."""
+    notebook does. ``hidden`` = (the class's secret, the student) also runs each check
+    on settings drawn for that student (:func:`hidden_seed`)."""
     started = time.monotonic()
     judged = Judged(nb)
     try:
@@ -260,7 +299,7 @@ def judge_notebook(nb, lab, checks_by_id, workdir, *, full=False, timeout=900.0,
         judged.status, judged.detail = "error", f"the sandbox did not start: {exc}"
         return judged
     judged.sandboxed = sandbox.sandboxed
-    run = _Run(nb, lab, checks_by_id, sandbox, started + timeout, cell_timeout)
+    run = _Run(nb, lab, checks_by_id, sandbox, started + timeout, cell_timeout, hidden)
     chosen = set(cells_to_run(nb, lab, checks_by_id, full))
     try:
         for index, cell in enumerate(nb.cells):

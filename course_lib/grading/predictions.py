@@ -19,6 +19,19 @@ from course_lib.grading import checks
 from course_lib.grading.requests import call_each, here
 
 
+HIDDEN_CASES = 4  # settings the gradebook draws per prediction and submission
+
+
+def round_sig(x, digits=2):
+    """``x`` to ``digits`` significant figures: drawn settings that read like the lab's."""
+    return float(f"{x:.{digits - 1}e}")
+
+
+def log_uniform(rng, low, high, digits=2):
+    """A number between ``low`` and ``high``, uniform in its exponent."""
+    return round_sig(math.exp(rng.uniform(math.log(low), math.log(high))), digits)
+
+
 def predicted_numbers(fn, cases):
     """On the student's side: ``fn(*case)`` for each case, as ``{"value": float}`` or
     ``{"raised": ..., "message": ...}`` (a result that is not a real number included)."""
@@ -79,11 +92,24 @@ def grade_numbers(exercise, answers, cases, formula, describe, wrong=(), hint=""
     return len(cases)
 
 
-def prediction_check(prediction, cases, formula, describe, wrong=(), hint="", detail=""):
+def prediction_check(prediction, cases, formula, describe, wrong=(), hint="", detail="",
+                     draw=None):
     """The check of ``prediction``: the student's function on every case, each number
-    graded by :func:`grade_numbers`; its pass line says ``detail``."""
-    @checks.check(prediction)
-    def check(predicted):
+    graded by :func:`grade_numbers`; its pass line says ``detail``. ``draw(rng)`` gives
+    the gradebook's hidden cases (:func:`course_lib.grading.checks.check`)."""
+    def hidden(rng):
+        drawn = []
+        for _ in range(HIDDEN_CASES):
+            case = draw(rng)
+            for _ in range(100):  # a small domain: redraw until it is not a visible case
+                if case not in cases and case not in drawn:
+                    break
+                case = draw(rng)
+            drawn.append(case)
+        return {"cases": drawn}
+
+    @checks.check(prediction, hidden=hidden if draw else None)
+    def check(predicted, cases=cases):
         answers = yield here(predicted_numbers, predicted, cases)
         grade_numbers(prediction, answers, cases, formula, describe, wrong, hint)
         return detail or f"{len(cases)} settings"

@@ -12,6 +12,9 @@ passed before:
    some other way, went past it. Now, while a lab is graded, the sandbox's copy of each
    module holding one of its answers has a stand-in in its place (grading/hiding.py):
    there is no code of the answer to clone, copy or call.
+5. The settings were fixed and visible: a table of the check's cases (or of the input
+   pattern its messages print) passed. Now every check also runs on settings the judge
+   draws for each student from the class's secret, never shown.
 6. What runs could differ from the notebook's text. Now such code is flagged by cell
    (and the judge, reading the text, sees the stub the text still holds).
 
@@ -19,6 +22,7 @@ Each tampering below writes what a student who read the grader would write; befo
 this construction each was credited (1 and 2a silently, 2b with a flag for eval).
 """
 import csv
+import random
 
 import pytest
 
@@ -108,6 +112,33 @@ def ring_shift(x):
     return _copy(x)'''
 
 
+# door 5a: the answers of exactly the check's cases (its seed is in the grader's source,
+# the answers in its failure messages), copied into the notebook as a table
+def _visible_bounds():
+    rng = random.Random(2)  # check_shard_bounds's seed, read from the grader
+    cases = [(10, 3), (9, 3), (1, 4), (0, 2), (7, 1)]
+    cases += [(rng.randint(0, 1000), rng.randint(1, 9)) for _ in range(300)]
+    table = {}
+    for numel, world in cases:
+        size = max(-(-numel // world), 1)
+        for rank in range(world):
+            table[(numel, rank, world)] = (rank * size, (rank + 1) * size, size * world)
+    return table
+
+
+TABLES_THE_CASES = f"""_ANSWERS = {_visible_bounds()!r}
+
+def shard_bounds(numel, rank, world):
+    return _ANSWERS.get((numel, rank, world), (0, numel, numel))"""
+# door 5b: the neighbour's tensor rebuilt from the input pattern the messages print
+# (rank r holds r + j/1000), with one token message each way for the counts
+FOLLOWS_THE_PATTERN = '''def ring_shift(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm.exchange(sends=[(x[:1].clone(), (rank + 1) % world)],
+                  recvs=[(torch.empty(1), (rank - 1) % world)])
+    return torch.full((x.numel(),), float((rank - 1) % world)) + torch.arange(x.numel()) * 1e-3'''
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("doors")
@@ -126,6 +157,8 @@ def graded(tmp_path_factory):
         "door6_transformer": edited(solution, ring_shift=STUB_SHIFT,
                                     after={"setup": REWRITES_THE_CELLS}),
         "door6_code": edited(solution, ring_shift=SWAPS_THE_CODE),
+        "door5_table": edited(solution, shard_bounds=TABLES_THE_CASES),
+        "door5_pattern": edited(solution, ring_shift=FOLLOWS_THE_PATTERN),
     }
     for student, nb in notebooks.items():
         put(subs / student / "00_mini.ipynb", nb)
@@ -182,3 +215,12 @@ def test_door_3_the_librarys_answer_is_not_in_the_sandbox_to_copy(graded):
         assert any(why in message for why in (
             "library's answer to Exercise 0.3", "course_lib's own implementation",
             "does not define 'ring_shift'")), message
+
+
+def test_door_5_a_table_of_the_visible_settings_fails_the_drawn_ones(graded):
+    rows, details = graded
+    assert scores(rows["door5_table"]) == (1, 1, 0), rows["door5_table"]
+    assert scores(rows["door5_pattern"]) == (1, 0, 1), rows["door5_pattern"]
+    for student, exercise in (("door5_table", "Exercise 3.3"), ("door5_pattern", "Exercise 0.3")):
+        message = details[(student, exercise)]["message"]
+        assert "settings the grader drew for this submission (not shown)" in message, message

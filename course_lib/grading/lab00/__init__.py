@@ -26,12 +26,27 @@ def counted(fn, *args):
     return out, stats.as_dict()
 
 
-def shift_job(ring_shift, numel):
-    return counted(ring_shift, _shift_input(dist.get_rank(), numel))
+def shift_job(ring_shift, numel, seed=None):
+    return counted(ring_shift, _shift_input(dist.get_rank(), numel, seed))
 
 
-def _shift_input(rank, numel):
+def token_job(token_ring, tokens):
+    """Rank r gets ``tokens[r]``: in a ring only rank 0's token matters, the others'
+    differ so that a token made up from a rank's own input cannot pass."""
+    return counted(token_ring, tokens[dist.get_rank()])
+
+
+def _shift_input(rank, numel, seed=None):
+    """Rank r's tensor: a pattern that shows whose it is (r + j/1000), or, with ``seed``
+    (the gradebook's hidden settings), random values."""
+    if seed is not None:
+        return _payload(numel, seed + rank)
     return torch.full((numel,), float(rank)) + torch.arange(numel) * 1e-3
+
+
+def _hidden_world(rng, **drawn):
+    """Hidden settings of a Lab 00 check: one world size of 2-4, an input seed, ``drawn``."""
+    return {"world_sizes": (rng.randint(2, 4),), "seed": rng.randrange(2**31), **drawn}
 
 
 # ---- the checks ------------------------------------------------------------------------------
@@ -39,10 +54,11 @@ def _payload(n, seed=0):
     return torch.randn(n, generator=torch.Generator().manual_seed(seed), device="cpu")
 
 
-@checks.check("Exercise 0.1")
-def check_ping_pong(ping_pong, world_sizes=(2, 3), iters=3, numel=1001):
+@checks.check("Exercise 0.1", hidden=lambda rng: _hidden_world(
+    rng, iters=rng.randint(2, 5), numel=rng.randint(2, 5000)))
+def check_ping_pong(ping_pong, world_sizes=(2, 3), iters=3, numel=1001, seed=0):
     ex = "Exercise 0.1"
-    payload = _payload(numel)
+    payload = _payload(numel, seed)
     nbytes = payload.numel() * payload.element_size()
     for n in world_sizes:
         outs = yield on_ranks(counted, ping_pong, payload, iters, nproc=n)
@@ -105,13 +121,18 @@ def _check_round_trip_times(ex, times, iters, n):
                              f"\nHint: {hint}", exercise=ex)
 
 
-@checks.check("Exercise 0.2")
-def check_token_ring(token_ring, world_sizes=(2, 3), numel=7):
+@checks.check("Exercise 0.2", hidden=lambda rng: _hidden_world(rng, numel=rng.randint(1, 50)))
+def check_token_ring(token_ring, world_sizes=(2, 3), numel=7, seed=None):
     ex = "Exercise 0.2"
-    token = torch.arange(numel, dtype=torch.float64, device="cpu")
+    token = torch.arange(numel, dtype=torch.float64, device="cpu") if seed is None else \
+        _payload(numel, seed).double()
     nbytes = token.numel() * token.element_size()
     for n in world_sizes:
-        outs = yield on_ranks(counted, token_ring, token, nproc=n)
+        if seed is None:
+            outs = yield on_ranks(counted, token_ring, token, nproc=n)
+        else:
+            tokens = [token] + [_payload(numel, seed + r).double() for r in range(1, n)]
+            outs = yield on_ranks(token_job, token_ring, tokens, nproc=n)
         for rank, (got, stats) in enumerate(outs):
             added = n * (n - 1) // 2 if rank == 0 else rank * (rank + 1) // 2
             checks.expect_close(ex, got, token + added, rank=rank, world_size=n,
@@ -125,14 +146,14 @@ def check_token_ring(token_ring, world_sizes=(2, 3), numel=7):
     return f"world sizes {list(world_sizes)}, a {numel}-element float64 token"
 
 
-@checks.check("Exercise 0.3")
-def check_ring_shift(ring_shift, world_sizes=(2, 3), numel=100_003, timeout=30.0):
+@checks.check("Exercise 0.3", hidden=lambda rng: _hidden_world(rng, numel=rng.randint(2, 50_000)))
+def check_ring_shift(ring_shift, world_sizes=(2, 3), numel=100_003, timeout=30.0, seed=None):
     ex = "Exercise 0.3"
     for n in world_sizes:
-        outs = yield on_ranks(shift_job, ring_shift, numel, nproc=n, timeout=timeout)
+        outs = yield on_ranks(shift_job, ring_shift, numel, seed, nproc=n, timeout=timeout)
         for rank, (got, stats) in enumerate(outs):
             left = (rank - 1) % n
-            want = _shift_input(left, numel)
+            want = _shift_input(left, numel, seed)
             checks.expect_close(ex, got, want, rank=rank, world_size=n,
                                 what=f"the tensor received (should be rank {left}'s)",
                                 hint="send to (rank + 1) % n, receive from (rank - 1) % n")

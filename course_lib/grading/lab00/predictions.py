@@ -5,7 +5,7 @@ every step ends in a ring shift and ranks compute for different times (Predictio
 (:mod:`course_lib.grading.predictions`)."""
 from __future__ import annotations
 
-from course_lib.grading.predictions import prediction_check
+from course_lib.grading.predictions import log_uniform, prediction_check
 
 HALF_CASES = [(20e-6, 10e9), (2e-6, 50e9), (1e-3, 1e8), (5e-6, 4e9)]
 SHARE_CASES = [(10, 20), (20, 20), (5, 40), (30, 30), (12, 16)]
@@ -36,14 +36,25 @@ SHARE_WRONG = [
     (lambda mine, slowest: (slowest - mine) / slowest, "that is the share spent waiting"),
 ]
 
+def _draw_half(rng):
+    return (log_uniform(rng, 1e-6, 1e-3), log_uniform(rng, 1e8, 5e11))
+
+
 check_half_size_prediction = prediction_check(
     "Prediction 0.1", HALF_CASES, half_size,
     lambda a, b: f"alpha = {a * 1e6:g} us, B = {b / 1e9:g} GB/s", HALF_WRONG,
     hint="set the two terms of alpha + n/B equal and solve for n",
+    draw=_draw_half,
     detail=f"{len(HALF_CASES)} (alpha, B), in bytes")
+
+def _draw_share(rng):
+    slowest = rng.randint(2, 90)
+    return (rng.randint(1, slowest), slowest)
+
 
 check_compute_share_prediction = prediction_check(
     "Prediction 0.2", SHARE_CASES, compute_share,
     lambda mine, slowest: f"a rank computing {mine} ms per step, the slowest {slowest} ms",
     SHARE_WRONG, hint="how long does one step last, for every rank?",
+    draw=_draw_share,
     detail=f"{len(SHARE_CASES)} settings, the slowest rank included")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from course_lib.collectives.cost_model import all_reduce_bytes_sent as bytes_sent
 from course_lib.collectives.cost_model import ring_all_reduce_time
-from course_lib.grading.predictions import prediction_check
+from course_lib.grading.predictions import log_uniform, prediction_check
 
 # N in bytes of float32 whose element count every K here divides: the ring's chunks are
 # exact, so the count is exactly 2(K-1)N/K (the lab's measurement shows the padding else)
@@ -67,15 +67,27 @@ TIME_WRONG = [
 ]
 
 
+def _draw_bytes(rng):
+    k = rng.randint(1, 9)  # N a multiple of 4K, as above: the ring's chunks are exact
+    return (rng.choice(("naive", "ring")), 4 * k * rng.randint(1, 250_000), k, rng.randrange(k))
+
+
 check_bytes_prediction = prediction_check(
     "Prediction 1.1", BYTES_CASES, bytes_sent,
     lambda a, n, k, r: f"rank {r} of the {a} all-reduce of N = {n:,} bytes on K = {k} ranks",
     BYTES_WRONG, hint="count the messages the rank sends and the bytes in each",
+    draw=_draw_bytes,
     detail=f"{len(BYTES_CASES)} settings, K = 8 first, the naive root and the ring")
+
+def _draw_time(rng):
+    return (log_uniform(rng, 1e3, 1e9), rng.randint(1, 512), log_uniform(rng, 1e-6, 1e-4),
+            log_uniform(rng, 1e9, 5e11))
+
 
 check_ring_time_prediction = prediction_check(
     "Prediction 1.2", TIME_CASES, ring_all_reduce_time,
     lambda n, k, a, b: f"N = {n:,.0f} bytes, K = {k}, alpha = {a * 1e6:g} us, B = {b / 1e9:g} GB/s",
     TIME_WRONG, hint="count the steps (each costs alpha plus its bytes over B) and the bytes "
                      "in each step",
+    draw=_draw_time,
     detail=f"{len(TIME_CASES)} settings, K = 1 to 1024, against 2(K-1)(alpha + N/(KB))")

@@ -67,16 +67,28 @@ RATIO_WRONG = [
                      "sum is then the whole batch's"),
 ]
 
+def _draw_bytes(rng):
+    k = rng.randint(1, 8)  # B and O split evenly over K, as above
+    return (rng.choice(("dp", "ddp")), 1000 * rng.randint(1, 9000), k * rng.randint(1, 20_000),
+            k * rng.randint(1, 20_000), k)
+
+
 check_bytes_per_step_prediction = prediction_check(
     "Prediction 2.1", BYTES_CASES, bytes_sent,
     lambda w, p, b, o, k: (f"{'GPU 0 under DP' if w == 'dp' else 'each rank under DDP'} with "
                            f"P = {p:,}, B = {b:,}, O = {o:,} bytes, K = {k}"),
     BYTES_WRONG, hint="follow every arrow of one step: what leaves the device, forward and "
                       "backward",
+    draw=_draw_bytes,
     detail=f"{len(BYTES_CASES)} settings, DP's GPU 0 and a DDP rank, K = 1 to 8")
+
+def _draw_ratio(rng):
+    return (rng.randint(1, 16), rng.random() < 0.5)
+
 
 check_gradient_ratio_prediction = prediction_check(
     "Prediction 2.2", RATIO_CASES, gradient_ratio,
     lambda m, d: f"m = {m} micro-batches{', each loss divided by m' if d else ''}", RATIO_WRONG,
     hint="what does a second backward do to a .grad that is already there?",
+    draw=_draw_ratio,
     detail=f"{len(RATIO_CASES)} settings, with and without dividing")

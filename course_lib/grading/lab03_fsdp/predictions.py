@@ -42,9 +42,14 @@ BYTES_WRONG = [
                                                     "of the gradient"),
     (lambda s, p, n: PASSES[s] * (n - 1) / n * p, "P parameters of fp32 are 4P bytes"),
 ]
+def _draw_bytes(rng):
+    return (rng.choice(sorted(PASSES)), rng.randint(1, 10**10), rng.randint(1, 16))
+
+
 check_traffic_prediction = prediction_check(
     "Prediction 3.1", BYTES_CASES, bytes_sent,
     lambda s, p, n: f"{s} with P = {p:,} fp32 parameters on n = {n} ranks", BYTES_WRONG,
     hint="list the collectives of one step and what a ring sends for each: (n-1)/n of the "
          "array for an all-gather or a reduce-scatter, 2(n-1)/n for an all-reduce",
+    draw=_draw_bytes,
     detail=f"{len(BYTES_CASES)} settings, five strategies")

@@ -34,9 +34,14 @@ STATE_WRONG = [
     (lambda r, p: state_bytes_per_param(r), "that is per parameter: the model has P of them"),
     (lambda r, p: 8 * state_bytes(r, p), "bytes, not bits"),
 ]
+def _draw_state(rng):
+    return (rng.choice(sorted(RECIPES)), rng.randint(1, 10**10))
+
+
 check_state_prediction = prediction_check(
     "Prediction 3.2", STATE_CASES, state_bytes,
     lambda r, p: f"the {r} recipe with P = {p:,} parameters", STATE_WRONG,
     hint="list what a parameter keeps between steps (weight, gradient, m, v, a master "
          "copy?) and the dtype of each",
+    draw=_draw_state,
     detail=f"{len(STATE_CASES)} settings, four recipes")

@@ -49,13 +49,24 @@ IN_FLIGHT_WRONG = [
 ]
 
 
+def _draw_bubble(rng):
+    return (rng.randint(1, 16), rng.randint(1, 64))
+
+
 check_bubble_prediction = prediction_check(
     "Prediction 4.1", BUBBLE_CASES, bubble_fraction, lambda p, m: f"p = {p}, m = {m}",
     BUBBLE_WRONG, hint="draw the schedule for p = 2, m = 2 and count the idle slots",
+    draw=_draw_bubble,
     detail=f"{len(BUBBLE_CASES)} (p, m), p = 4 and m = 6 first")
+
+def _draw_in_flight(rng):
+    p = rng.randint(1, 9)
+    return (rng.choice(("gpipe", "1f1b")), p, rng.randint(1, 16), rng.randrange(p))
+
 
 check_in_flight_prediction = prediction_check(
     "Prediction 4.2", IN_FLIGHT_CASES, in_flight,
     lambda k, p, m, s: f"stage {s} of {k} with p = {p}, m = {m}", IN_FLIGHT_WRONG,
     hint="follow one stage: how many forwards has it run when its first backward starts?",
+    draw=_draw_in_flight,
     detail=f"{len(IN_FLIGHT_CASES)} (schedule, p, m, stage), m < p included")

@@ -46,14 +46,25 @@ SIZE_WRONG = [
     (lambda b, s, h, t: s * h, "the batch is not split by tensor parallelism: b*s*h"),
 ]
 
+def _draw_count(rng):
+    return (rng.choice(("forward", "backward")), rng.randint(2, 64))
+
+
 check_all_reduce_count_prediction = prediction_check(
     "Prediction 5.1", COUNT_CASES, all_reduces, lambda d, t: f"the {d} pass of one block on "
                                                              f"t = {t} ranks",
     COUNT_WRONG, hint="where in the block does a rank hold only a part of a sum?",
+    draw=_draw_count,
     detail=f"{len(COUNT_CASES)} settings, t = 2 to 8, forward and backward")
+
+def _draw_size(rng):
+    t = rng.randint(2, 16)
+    return (rng.randint(1, 16), rng.randint(1, 8192), t * rng.randint(1, 1024), t)
+
 
 check_all_reduce_size_prediction = prediction_check(
     "Prediction 5.2", SIZE_CASES, elements,
     lambda b, s, h, t: f"b = {b}, s = {s}, h = {h}, t = {t}", SIZE_WRONG,
     hint="what shape is the tensor g sums?",
+    draw=_draw_size,
     detail=f"{len(SIZE_CASES)} shapes, t = 2 to 8")

@@ -91,17 +91,30 @@ STATE_WRONG = [
      "and ZeRO-3 the weights"),
 ]
 
+def _draw_p2p(rng):
+    p, dp = rng.randint(1, 6), rng.randint(1, 8)
+    return (rng.randrange(p), p, dp * rng.randint(1, 16), dp, rng.randint(1, 8),
+            rng.randint(1, 512), rng.randint(1, 1024))
+
+
 check_p2p_bytes_prediction = prediction_check(
     "Prediction 6.1", P2P_CASES, p2p_bytes,
     lambda s, p, b, dp, m, t, d: f"stage {s} of p = {p}, B = {b} over dp = {dp}, m = {m}, "
                                  f"T = {t}, D = {d}",
     P2P_WRONG, hint="follow one microbatch through stage s: what does it receive and send in "
                     "forward, and in backward? Then add up the microbatches",
+    draw=_draw_p2p,
     detail=f"{len(P2P_CASES)} settings, p = 1 to 4, m that does not divide the rows included")
+
+def _draw_state(rng):
+    return (rng.randint(10**6, 10**11), rng.randint(1, 64), rng.randint(1, 8),
+            rng.randint(1, 16), rng.randint(0, 3))
+
 
 check_state_bytes_prediction = prediction_check(
     "Prediction 6.2", STATE_CASES, state_bytes,
     lambda p, dp, tp, pp, z: f"P = {p:,} on dp = {dp}, tp = {tp}, pp = {pp} with ZeRO-{z}",
     STATE_WRONG, hint="split the 16 bytes of a parameter by what they hold, then ask which of "
                       "them each dim divides",
+    draw=_draw_state,
     detail=f"{len(STATE_CASES)} meshes, ZeRO-0 to ZeRO-3, sizes of 3 and 5 included")

@@ -66,9 +66,16 @@ def _describe_traffic(split, b, s, h, n, k):
     return f"{name}, b = {b}, s = {s}, h = {h}, n = {n}"
 
 
+def _draw_traffic(rng):
+    n = rng.randint(2, 8)
+    return (rng.choice(("cp", "tp_sp", "ep")), rng.randint(1, 8), 2 * n * rng.randint(1, 1024),
+            64 * rng.randint(1, 64), n, rng.randint(1, 4))
+
+
 check_traffic_prediction = prediction_check(
     "Prediction 7.1", TRAFFIC_CASES, traffic, _describe_traffic, TRAFFIC_WRONG,
     hint="count the messages of one forward pass on one rank, and the elements in each",
+    draw=_draw_traffic,
     detail=f"{len(TRAFFIC_CASES)} settings, the three splits, n = 2 to 8")
 
 MEMORY_CASES = [(1, 16384, 1024, 16, 1), (1, 16384, 1024, 16, 2), (1, 16384, 1024, 16, 4),
@@ -98,9 +105,16 @@ MEMORY_WRONG = [
      "in bytes: an fp32 element is 4 bytes"),
 ]
 
+def _draw_memory(rng):
+    heads, cp = rng.randint(1, 32), rng.randint(1, 8)
+    return (rng.randint(1, 8), cp * rng.randint(1, 8192), heads * rng.choice((32, 64, 128)),
+            heads, cp)
+
+
 check_activation_prediction = prediction_check(
     "Prediction 7.2", MEMORY_CASES, activation,
     lambda b, s, h, heads, cp: f"b = {b}, s = {s}, h = {h}, {heads} heads, cp = {cp}",
     MEMORY_WRONG, hint="list what the layer keeps for backward, tensor by tensor, and the "
                        "shape of each on one rank",
+    draw=_draw_memory,
     detail=f"{len(MEMORY_CASES)} settings, cp = 1 to 8")

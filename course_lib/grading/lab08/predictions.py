@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from course_lib.grading.predictions import prediction_check
+from course_lib.grading.predictions import log_uniform, prediction_check
 
 FP32 = 4
 
@@ -50,11 +50,17 @@ def _describe_bytes(p, n):
     return f"P = {p:,.0f} parameters on n = {n} ranks"
 
 
+def _draw_bytes(rng):
+    n = rng.randint(1, 8)  # P / n >= 1e6, as above
+    return (float(n * rng.randint(10**6, 10**10)), n)
+
+
 check_bytes_prediction = prediction_check(
     "Prediction 8.1", BYTES_CASES, saved_bytes, _describe_bytes, BYTES_WRONG,
     hint="list the tensors a resumed run needs (gradients are not among them), their dtype, "
          "and the share of each that one FSDP rank holds; Adam's step count, one 4-byte "
          "scalar that rank 0 writes once, is negligible: leave it out",
+    draw=_draw_bytes,
     detail=f"{len(BYTES_CASES)} settings, n = 1 to 8 (4 first), P = 1e6 to 7e10")
 
 # (C, M) in seconds: Llama 3's MTBF (54 days, 466 interruptions) first
@@ -88,9 +94,14 @@ INTERVAL_WRONG = [
      "checkpointing once per M s loses M / 2 of work at nearly every failure"),
 ]
 
+def _draw_interval(rng):
+    return (rng.randint(1, 600), log_uniform(rng, 100, 3e6))
+
+
 check_interval_prediction = prediction_check(
     "Prediction 8.2", INTERVAL_CASES, best_interval,
     lambda c, m: f"C = {c:g} s, M = {m:g} s", INTERVAL_WRONG,
     hint="write the fraction of time wasted as a function of tau: C / tau writing, and per "
          "second 1 / M failures that each lose tau / 2 of work on average; then minimise it",
+    draw=_draw_interval,
     detail=f"{len(INTERVAL_CASES)} settings, C = 1 s to 10 min, M = 50 s to a month")
