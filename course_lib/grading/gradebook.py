@@ -49,6 +49,7 @@ import nbformat
 from course_lib.grading import integrity
 from course_lib.grading.book import DETAILS, FIXED, Book, Progress, exercise_key, merge  # noqa: F401
 from course_lib.grading.judge import judge_notebook
+from course_lib.grading.requests import SEAL_BROKEN
 from course_lib.grading.submissions import (InvalidNotebook, find_submissions, load_labs,
                                             prepare, read_notebook, recognise)
 
@@ -119,7 +120,8 @@ def grade_notebook(student, path, name, nb, lab, settings):
         graded.flags.insert(0, "unsandboxed: the submission ran without the sandbox "
                                "(bwrap missing or not allowed here)")
     for exercise, (status, message) in graded.results.items():
-        if status == "fail" and "course_lib's own implementation" in message:
+        if status == "fail" and ("course_lib's own implementation" in message
+                                 or SEAL_BROKEN in message):
             graded.flags.append(f"{exercise}: {message[:160]}")
     if judged.leftovers:
         graded.flags.append("processes left running were killed: " + ", ".join(judged.leftovers))

@@ -22,7 +22,10 @@ student's. :func:`scan` parses them and reports, by cell:
   ``gc`` walks, ``sys.setprofile``/``settrace``, IPython's input transformers,
   AST transformers and custom exception handlers, ``__code__``/``__class__``/
   ``__globals__`` assigned, ``__reduce__`` defined, Python started in a
-  subprocess, a course file's text read (``__file__``, ``inspect.getsource``).
+  subprocess, a course file's text read (``__file__``, ``inspect.getsource``);
+- code that reaches beneath the instruments a check reads (door 4): a private name
+  of course_lib or torch (``comm._active``, ``torch._C``, ``_pop_mode``), or a
+  thread of its own (a FLOP counter counts the thread it was entered on).
 
 Whatever the lab itself contains is given, not the student's: a statement
 found in the generated lab (its setup cell imports ``from course_lib import
@@ -62,6 +65,9 @@ BEHIND_THE_TEXT = {
     "os.popen": "starts a process", "os.execv": "starts a process",
     "os.execvp": "starts a process", "os.spawnv": "starts a process",
     "multiprocessing.Process": "starts a process", "ctypes.pythonapi": "reaches into CPython",
+    # the instruments a check reads (a FLOP counter, a log of operations) are per thread
+    "threading.Thread": "runs code in another thread",
+    "concurrent.futures.ThreadPoolExecutor": "runs code in another thread",
 }
 # IPython's hooks on what a cell runs or what its error shows
 IPYTHON_HOOKS = {"input_transformers_cleanup", "input_transformers_post", "ast_transformers",
@@ -243,6 +249,19 @@ def _behind_the_text(node, aliases):
             yield ast.dump(node), f"{BEHIND_THE_TEXT[func]} ({func})"
         elif func and func.split(".")[0] == "ctypes":
             yield ast.dump(node), f"reaches into CPython ({func})"
+    paths = []
+    if isinstance(node, ast.Attribute):
+        paths = [_dotted(node, aliases) or ""]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        paths = [f"{node.module}.{alias.name}" for alias in node.names]
+    elif isinstance(node, ast.Import):
+        paths = [alias.name for alias in node.names]
+    for path in paths:
+        parts = path.split(".")
+        private = next((i for i, part in enumerate(parts) if _private(part)), None)
+        if parts[0] in ("course_lib", "torch") and private is not None:
+            reached = ".".join(parts[:private + 1])  # one line however deep the path goes
+            yield f"private:{reached}", f"reaches beneath the instruments ({reached})"
     if isinstance(node, ast.Attribute) and node.attr in IPYTHON_HOOKS:
         yield ast.dump(node), f"hooks IPython ({node.attr})"
     elif isinstance(node, ast.Attribute) and node.attr == "__file__":
@@ -256,6 +275,11 @@ def _behind_the_text(node, aliases):
                 yield ast.dump(node), f"swaps {target.attr} (what runs is not what the text says)"
     elif isinstance(node, ast.FunctionDef) and node.name in REBUILT:
         yield ast.dump(node), f"defines {node.name} (how an object travels)"
+
+
+def _private(name):
+    """``_active``, ``_C``: a name a module keeps to itself (not a dunder)."""
+    return name.startswith("_") and not name.endswith("__")
 
 
 def scan(student_cells, lab_sources, exercises):

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_lib.grading import checks
+from course_lib.grading import checks, wire
 from course_lib.grading.requests import on_ranks
 from course_lib.models import deep_mlp
 
@@ -46,7 +46,6 @@ def zero2_job(zero2_cls):
     """For each optimizer: train ``STEPS`` steps with ``zero2_cls(params, make_optimizer)``;
     report the parameters, the collectives counted, the parameters and state of the
     optimizer(s) it made, and the gradient bytes held after each step."""
-    from course_lib import comm
 
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = _batch(world)
@@ -61,7 +60,7 @@ def zero2_job(zero2_cls):
 
         zero2 = zero2_cls(model.parameters(), make_optimizer)
         held = []
-        with comm.counting() as stats:
+        with wire.counting() as stats:
             for _ in range(STEPS):
                 zero2.zero_grad()
                 F.mse_loss(model(x[mine]), y[mine]).backward()
@@ -72,10 +71,11 @@ def zero2_job(zero2_cls):
         stepped = [p for opt in made for g in opt.param_groups for p in g["params"]]
         state = sum(t.numel() * t.element_size() for opt in made for s in opt.state.values()
                     for t in s.values() if torch.is_tensor(t) and t.numel() > 1)
+        report = stats.as_dict()
         out[name] = {"params": [p.detach().clone() for p in model.parameters()],
-                     "collectives": dict(stats.collectives), "optimizers": len(made),
+                     "collectives": report["collectives"], "optimizers": len(made),
                      "stepped_numel": sum(p.numel() for p in stepped), "state": state,
-                     "held": held}
+                     "held": held, "traffic": report}
     return out
 
 

@@ -23,10 +23,13 @@ both run in the kernel; in the gradebook ``execute`` runs in the sandbox and
 """
 from __future__ import annotations
 
+from course_lib.grading import wire
 from course_lib.grading.references import reference_use
 from course_lib.grading.stubs import is_stub
 from course_lib.submission import plain
 from course_lib.submission.calls import Request, Student, bind, execute  # noqa: F401
+
+SEAL_BROKEN = "the instruments the check reads were written to or taken out"
 
 
 def _checked(harness):
@@ -105,10 +108,15 @@ def interpret(exercise, request, outcome, kept=None):
     n = request.nproc
     if "ok" in outcome:
         try:
-            return plain.decode(outcome["ok"])
+            answer = plain.decode(outcome["ok"])
         except ValueError as exc:
             raise CheckFailed(f"{exercise}: the answer of your code could not be read ({exc}).",
                               exercise=exercise) from None
+        why = wire.broken(answer)
+        if why:
+            raise CheckFailed(f"{exercise}: {SEAL_BROKEN} while your code ran ({why}); the "
+                              f"traffic cannot be graded.", exercise=exercise)
+        return answer
     if outcome.get("stub"):
         raise NotImplementedError(not_implemented(exercise))
     if "unplain" in outcome:

@@ -12,6 +12,11 @@ passed before:
    some other way, went past it. Now, while a lab is graded, the sandbox's copy of each
    module holding one of its answers has a stand-in in its place (grading/hiding.py):
    there is no code of the answer to clone, copy or call.
+4. The instruments a check reads (comm's counters, a FLOP counter, wrappers that log
+   posts and waits) lived in the rank beside the student's code, which could write
+   them. Now the traffic graded is counted on the process group's own methods, in the
+   judge's job, and a counter written to or a wrapper taken out breaks the seal: the
+   check fails and the notebook is flagged.
 5. The settings were fixed and visible: a table of the check's cases (or of the input
    pattern its messages print) passed. Now every check also runs on settings the judge
    draws for each student from the class's secret, never shown.
@@ -139,6 +144,33 @@ FOLLOWS_THE_PATTERN = '''def ring_shift(x):
     return torch.full((x.numel(),), float((rank - 1) % world)) + torch.arange(x.numel()) * 1e-3'''
 
 
+# door 4a: the right tensor from the pattern, and comm's counters written as if one
+# message went each way (none did)
+FORGES_THE_COUNTS = '''def ring_shift(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for stats in comm._active:
+        stats.add_send(4, (rank + 1) % world)
+        stats.add_recv(4, (rank - 1) % world)
+    return torch.full((x.numel(),), float((rank - 1) % world)) + torch.arange(x.numel()) * 1e-3'''
+# door 4b: the shift in two halves (two messages each way, one too many), with the
+# wire's counters taken off the process group while the second half goes
+HIDES_A_MESSAGE = '''def ring_shift(x):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = torch.empty_like(x)
+    half = x.numel() // 2
+    comm.exchange(sends=[(x[:half], (rank + 1) % world)], recvs=[(out[:half], (rank - 1) % world)])
+    group_class = type(dist.group.WORLD)
+    sealed = {name: group_class.__dict__[name] for name in ("send", "recv")}
+    for name, wrapper in sealed.items():
+        setattr(group_class, name, wrapper.__closure__[1].cell_contents)
+    rest = out[half:].clone()
+    works = [dist.irecv(rest, (rank - 1) % world), dist.isend(x[half:].clone(), (rank + 1) % world)]
+    for work in works:
+        work.wait()
+    out[half:] = rest
+    return out'''
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("doors")
@@ -157,6 +189,8 @@ def graded(tmp_path_factory):
         "door6_transformer": edited(solution, ring_shift=STUB_SHIFT,
                                     after={"setup": REWRITES_THE_CELLS}),
         "door6_code": edited(solution, ring_shift=SWAPS_THE_CODE),
+        "door4_counts": edited(solution, ring_shift=FORGES_THE_COUNTS),
+        "door4_unsealed": edited(solution, ring_shift=HIDES_A_MESSAGE),
         "door5_table": edited(solution, shard_bounds=TABLES_THE_CASES),
         "door5_pattern": edited(solution, ring_shift=FOLLOWS_THE_PATTERN),
     }
@@ -224,3 +258,16 @@ def test_door_5_a_table_of_the_visible_settings_fails_the_drawn_ones(graded):
     for student, exercise in (("door5_table", "Exercise 3.3"), ("door5_pattern", "Exercise 0.3")):
         message = details[(student, exercise)]["message"]
         assert "settings the grader drew for this submission (not shown)" in message, message
+
+
+def test_door_4_a_counter_written_or_taken_out_fails_and_is_flagged(graded):
+    rows, details = graded
+    for student, why in (("door4_counts", "counted traffic that never went out"),
+                         ("door4_unsealed", "ProcessGroup.send was replaced")):
+        assert scores(rows[student]) == (1, 0, 1), (student, rows[student])
+        message = details[(student, "Exercise 0.3")]["message"]
+        assert "instruments the check reads were written to or taken out" in message, message
+        assert why in message, message
+        assert "Exercise 0.3: " in rows[student]["flags"], rows[student]["flags"]
+    assert "reaches beneath the instruments (course_lib.comm._active)" in \
+        rows["door4_counts"]["flags"]

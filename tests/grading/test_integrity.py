@@ -202,6 +202,26 @@ def test_code_behind_the_text_is_flagged(source, flag):
     assert any(line.startswith(f"cell 0: {flag}") for line in found), found
 
 
+@pytest.mark.parametrize("source,flag", [
+    ("from course_lib import comm\ncomm._active[-1].sent_bytes = 0",
+     "reaches beneath the instruments (course_lib.comm._active)"),
+    ("import torch\nstack = torch._C._len_torch_dispatch_stack()",
+     "reaches beneath the instruments (torch._C)"),
+    ("from torch.utils import _python_dispatch as d\nm = d._pop_mode()",
+     "reaches beneath the instruments (torch.utils._python_dispatch)"),
+    ("import torch.distributed as dist\nb = dist.group.WORLD._get_backend(None)",
+     "reaches beneath the instruments (torch.distributed.group.WORLD._get_backend)"),
+    ("import threading\nthreading.Thread(target=print).start()",
+     "runs code in another thread (threading.Thread)"),
+])
+def test_code_beneath_the_instruments_is_flagged(source, flag):
+    """Door 4: what reaches the counters a check reads from the student's side."""
+    found = scan(source)
+    assert any(line.startswith(f"cell 0: {flag}") for line in found), found
+
+
 def test_harmless_code_is_not_flagged():
     assert scan("x = torch.zeros(3)\nx.add_(1)\nmodel.weight = None\nimport numpy as np",
-                "def f():\n    return dist.get_rank()", "%timeit f()", "os.environ['A'] = '1'") == []
+                "def f():\n    return dist.get_rank()", "%timeit f()", "os.environ['A'] = '1'",
+                "class B:\n    def __init__(self):\n        self._buckets = []\n"
+                "    def add(self, x):\n        self._buckets.append(x)") == []

@@ -1,7 +1,7 @@
 """Checks of Lab 00's exercises (ping-pong, token ring, ring shift).
 
 Each runs the student's function under torchrun at world sizes 2 and 3 inside
-``comm.counting()``, and grades both the values and the messages: how many,
+``wire.counting()`` (the traffic as the process group saw it), and grades both the values and the messages: how many,
 how large, to whom. The jobs below run on the student's ranks and only report;
 the checks compare, with references of their own. Predictions 0.1 and 0.2:
 :mod:`.predictions`.
@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib import comm
-from course_lib.grading import checks
+from course_lib.grading import checks, wire
 from course_lib.grading.lab00.predictions import (check_compute_share_prediction,  # noqa: F401
                                                   check_half_size_prediction)
 from course_lib.grading.requests import on_ranks
@@ -21,7 +20,7 @@ from course_lib.grading.requests import on_ranks
 # ---- on the student's ranks ------------------------------------------------------------------
 def counted(fn, *args):
     """``fn(*args)`` and this rank's traffic while it ran."""
-    with comm.counting() as stats:
+    with wire.counting() as stats:
         out = fn(*args)
     return out, stats.as_dict()
 

@@ -2,7 +2,7 @@
 
 Each job gets the cases from the request, every rank's input included (the
 check chose them: :mod:`~course_lib.grading.lab01.references`), hands this
-rank's copy to the student's function inside ``comm.counting()`` (and
+rank's copy to the student's function inside ``wire.counting()`` (and
 ``message_order()`` for the broadcast), and returns, for each case, what the
 tensor holds afterwards and the traffic, as plain data. Nothing here computes
 what the answer should be: the check does that in its own process.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib import comm
+from course_lib.grading import wire
 from course_lib.grading.message_order import message_order
 
 
@@ -30,7 +30,7 @@ def all_reduce_job(fn, cases):
     out = []
     for inputs, op in cases:
         got = inputs[rank].clone()
-        with comm.counting() as stats:
+        with wire.counting() as stats:
             fn(got, op)
         out.append((got, stats.as_dict()))
     return out
@@ -44,7 +44,7 @@ def reduce_scatter_job(fn, cases):
     for inputs, op, numel, fill in cases:
         inp = inputs[rank].clone()
         got = _output(numel, inp, fill)
-        with comm.counting() as stats:
+        with wire.counting() as stats:
             fn(got, inp, op)
         out.append((got, stats.as_dict()))
     return out
@@ -57,7 +57,7 @@ def all_gather_job(fn, cases):
     for inputs, fill in cases:
         inp = inputs[rank].clone()
         got = _output(world * inp.numel(), inp, fill)
-        with comm.counting() as stats:
+        with wire.counting() as stats:
             fn(got, inp)
         out.append((got, stats.as_dict()))
     return out
@@ -70,7 +70,7 @@ def broadcast_job(fn, cases):
     out = []
     for inputs, src, segments in cases:
         got = inputs[rank].clone()
-        with comm.counting() as stats, message_order() as events:
+        with wire.counting() as stats, message_order() as events:
             fn(got, src, segments)
         out.append((got, stats.as_dict(), list(events)))
     return out

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course_lib.grading import wire
 from course_lib.grading.requests import call_each
 from course_lib.models import GPT, GPTConfig
 
@@ -49,7 +50,6 @@ def shard_facts(flatten_and_shard, cases):
 def unit_job(piece, fn):
     """Train the GPT with every block (and the root) a ShardedUnit using the student's
     ``piece`` ("gather": 3.6, no resharding; "hooks": 3.7, full sharding)."""
-    from course_lib import comm
     from course_lib.fsdp.unit import ShardedUnit, full_state_dict, original_name, shard_model
     from course_lib.models import Block
 
@@ -65,7 +65,7 @@ def unit_job(piece, fn):
     x, y = unit_batch(world)
     mine = slice(rank * UNIT_ROWS, (rank + 1) * UNIT_ROWS)
     first, whole_after_forward = None, []
-    with comm.counting() as stats:
+    with wire.counting() as stats:
         for _ in range(UNIT_STEPS):
             opt.zero_grad()
             loss = F.cross_entropy(model(x[mine]).reshape(-1, UNIT_CFG.vocab), y[mine].reshape(-1))

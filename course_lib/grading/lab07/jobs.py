@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import comm
+from course_lib.grading import wire
 from course_lib.grading.lab07 import references
 
 
@@ -81,7 +82,7 @@ def all_to_all_job(fn, use_pair, cases_by_size):
         recv = [row[rank] for row in sends]
         shape = (sum(recv),) + ((width,) if width else ())
         output = torch.full(shape, -1, dtype=dtype)
-        with comm.counting() as stats:
+        with wire.counting() as stats:
             fn(output, inp, recv, list(sends[rank]), group)
         out.append((output, stats.as_dict()))
     return out
@@ -94,8 +95,9 @@ def ring_forward_job(fn, use_pair):
     n, r = dist.get_world_size(group), dist.get_rank(group)
     q, k, v = (z.chunk(n, dim=-2)[r].contiguous() for z in references.ring_qkv(n))
     events = []
-    with comm.counting() as stats, FlopCounterMode(display=False) as flops, \
-            _posts_and_waits(events), _Timeline(events):
+    with wire.counting() as stats, FlopCounterMode(display=False) as flops, \
+            _posts_and_waits(events), _Timeline(events), \
+            wire.watch(stats, comm, ("exchange_async", "isend", "irecv")):
         got = fn(q, k, v, group)
     return got, stats.as_dict(), flops.get_total_flops(), _overlapped(events)
 
