@@ -145,3 +145,59 @@ def test_a_collective_written_for_the_visible_sizes_fails_a_drawn_size(sandbox):
     with pytest.raises(checks.CheckFailed, match="drew for this submission"):
         judged(sandbox, lab01.check_naive_all_reduce, all_reduce_for_the_visible_sizes_only,
                world_sizes=(2,), seed=3)
+
+
+def ping_pong(payload, iters):
+    import time
+
+    rank, times = dist.get_rank(), []
+    buf = payload.clone()
+    for _ in range(iters):
+        start = time.perf_counter()
+        if rank == 0:
+            comm.send(buf, 1)
+            comm.recv(buf, 1)
+            times.append(time.perf_counter() - start)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            comm.send(buf, 0)
+    return buf, times
+
+
+def token_ring(token):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    if rank == 0:
+        comm.send(token, right)
+        back = torch.empty_like(token)
+        comm.recv(back, left)
+        return back
+    received = torch.empty_like(token)
+    comm.recv(received, left)
+    comm.send(received + rank, right)
+    return received + rank
+
+
+def token_ring_from_its_own_token(token):
+    """Sends as a ring does, but returns its own token plus the sum: with every rank
+    handed the same token (the visible setting) that is the right number."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    received = torch.empty_like(token)
+    if rank == 0:
+        comm.send(token, right)
+        comm.recv(received, left)
+        return token + world * (world - 1) // 2
+    comm.recv(received, left)
+    comm.send(received + rank, right)
+    return token + rank * (rank + 1) // 2
+
+
+@pytest.mark.notebook
+def test_lab00_s_solutions_pass_their_hidden_settings_and_a_made_up_token_does_not(sandbox):
+    for check, solution in ((lab00.check_ping_pong, ping_pong), (lab00.check_token_ring, token_ring),
+                            (lab00.check_ring_shift, ring_shift)):
+        assert "drawn for this submission" in judged(sandbox, check, solution, seed=2)
+    assert "passed" in judged(sandbox, lab00.check_token_ring, token_ring_from_its_own_token)
+    with pytest.raises(checks.CheckFailed, match="drew for this submission"):
+        judged(sandbox, lab00.check_token_ring, token_ring_from_its_own_token, seed=2)

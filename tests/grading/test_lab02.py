@@ -1,5 +1,6 @@
 """Lab 02's checks under real torchrun: each passes the solution, fails the stub,
 and fails the plausible wrong answers below with a message that names the mistake."""
+import random
 import contextlib
 
 import pytest
@@ -80,6 +81,8 @@ def test_assign_buckets_check_passes_the_solution(capsys):
     lab02.check_assign_buckets(buckets_right)
     assert "✓ Exercise 2.2 passed" in capsys.readouterr().out
     lab02.check_assign_buckets(assign_buckets)  # the library's, with its defaults
+    for seed in range(3):  # the gradebook's hidden cases
+        lab02.check_assign_buckets(buckets_right, **lab02.check_assign_buckets.hidden(random.Random(seed)))
 
 
 @pytest.mark.parametrize("wrong,fragment", [

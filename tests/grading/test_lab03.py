@@ -1,4 +1,5 @@
 """Lab 03's checks: pass the solutions, fail the stubs and these wrong answers."""
+import random
 import pytest
 import torch
 import torch.distributed as dist
@@ -78,6 +79,9 @@ def test_solutions_pass(capsys):
     lab03.check_param_count(param_count)
     lab03.check_zero_bytes(zero_bytes)
     lab03.check_shard_bounds(shard_bounds)
+    for check, solution in ((lab03.check_param_count, param_count), (lab03.check_zero_bytes, zero_bytes),
+                            (lab03.check_shard_bounds, shard_bounds)):
+        check(solution, **check.hidden(random.Random(5)))  # the gradebook's hidden cases
     lab03.check_zero1_step(zero1_step, world_sizes=(1, 3))
     out = capsys.readouterr().out
     for ex in ("3.1", "3.2", "3.3", "3.4"):

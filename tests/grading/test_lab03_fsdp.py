@@ -1,4 +1,5 @@
 """Lab 03's FSDP-unit checks (3.5-3.8): pass the solutions, fail the stubs and these wrong answers."""
+import random
 import math
 
 import pytest
@@ -136,6 +137,9 @@ def test_solutions_pass(capsys):
     lab03_fsdp.check_gather_shards(GatherShards)
     lab03_fsdp.check_free_between_passes(free_between_passes)
     lab03_fsdp.check_prefetch_plan(units_to_prefetch)
+    for check, solution in ((lab03_fsdp.check_flatten_and_shard, flatten_and_shard),
+                            (lab03_fsdp.check_prefetch_plan, units_to_prefetch)):
+        check(solution, **check.hidden(random.Random(5)))  # the gradebook's hidden cases
     out = capsys.readouterr().out
     for ex in ("3.5", "3.6", "3.7", "3.8"):
         assert f"✓ Exercise {ex} passed" in out

@@ -77,7 +77,7 @@ def all_to_all_uncounted(output, input, output_splits, input_splits, group=None)
 
 
 def test_all_to_all_passes_as_judged(sandbox):
-    assert "pair inside 3" in judged(sandbox, lab07.check_all_to_all, all_to_all)
+    assert "pair inside 3" in judged(sandbox, lab07.check_all_to_all, all_to_all, seed=7)
 
 
 @pytest.mark.parametrize("wrong, n, reason", [
@@ -135,7 +135,7 @@ def merge_max_lse(out_a, lse_a, out_b, lse_b):
 
 
 def test_merge_passes_as_judged(sandbox):
-    assert "5 cases" in judged(sandbox, lab07.check_merge, merge)
+    assert "5 cases" in judged(sandbox, lab07.check_merge, merge, seed=7)
 
 
 @pytest.mark.parametrize("wrong, reason", [
@@ -255,7 +255,7 @@ def combine(rows, order, gates, n_tokens, inverse=True, gated=True):
 
 
 def test_dispatch_passes_as_judged(sandbox):
-    assert "routings" in judged(sandbox, lab07.check_dispatch, dispatch, combine)
+    assert "routings" in judged(sandbox, lab07.check_dispatch, dispatch, combine, seed=7)
 
 
 @pytest.mark.parametrize("wrong_dispatch, wrong_combine, reason", [

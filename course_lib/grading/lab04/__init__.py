@@ -33,6 +33,11 @@ from course_lib.pipeline.partition import bottleneck, check_ranges, stage_costs
 SIZES = [(p, m) for p in (1, 2, 3, 4, 5) for m in (1, 2, 3, 4, 5, 8, 11)]
 
 
+def _drawn_sizes(rng):
+    """The gradebook's hidden (p, m): deeper pipelines and more microbatches than shown."""
+    return tuple((rng.randint(6, 9), rng.randint(1, 16)) for _ in range(3))
+
+
 # ---- 4.1 and 4.2: schedules ---------------------------------------------------------------------
 def _schedule(ex, answer, p, m):
     """The schedule the student's function returned for (p, m), rows as lists."""
@@ -81,11 +86,11 @@ def _expect_bubble(ex, got, want, p, m, why="", hint=""):
             f"{_first_difference(got, want)}{hint}")
 
 
-@checks.check("Exercise 4.1")
-def check_gpipe(gpipe_schedule):
+@checks.check("Exercise 4.1", hidden=lambda rng: {"sizes": _drawn_sizes(rng)})
+def check_gpipe(gpipe_schedule, sizes=tuple(SIZES)):
     ex = "Exercise 4.1"
-    answers = yield here(schedules, gpipe_schedule, SIZES)
-    for (p, m), answer in zip(SIZES, answers):
+    answers = yield here(schedules, gpipe_schedule, list(sizes))
+    for (p, m), answer in zip(sizes, answers):
         got, want = _schedule(ex, answer, p, m), gpipe(p, m)
         _validated(ex, got, want, p, m, "every stage runs F0, F1, ..., F(m-1), then the "
                                         "backwards; one list of Actions per stage")
@@ -98,15 +103,15 @@ def check_gpipe(gpipe_schedule):
                 f"{_first_difference(got, want)}\nHint: that is the 1F1B order (next "
                 f"exercise); GPipe flushes all m forwards through first")
         _expect_bubble(ex, got, want, p, m)
-    return (f"{len(SIZES)} (p, m), m < p and m = 1 included: valid, bubble (p-1)/(m+p-1), "
+    return (f"{len(sizes)} (p, m), m < p and m = 1 included: valid, bubble (p-1)/(m+p-1), "
             f"m microbatches in flight")
 
 
-@checks.check("Exercise 4.2")
-def check_one_f_one_b(one_f_one_b_schedule):
+@checks.check("Exercise 4.2", hidden=lambda rng: {"sizes": _drawn_sizes(rng)})
+def check_one_f_one_b(one_f_one_b_schedule, sizes=tuple(SIZES)):
     ex = "Exercise 4.2"
-    answers = yield here(schedules, one_f_one_b_schedule, SIZES)
-    for (p, m), answer in zip(SIZES, answers):
+    answers = yield here(schedules, one_f_one_b_schedule, list(sizes))
+    for (p, m), answer in zip(sizes, answers):
         got, want = _schedule(ex, answer, p, m), one_f_one_b(p, m)
         _validated(ex, got, want, p, m, _warmup_hint(got, p, m))
         peaks, limits = peak_in_flight(got), [min(m, p - s) for s in range(p)]
@@ -120,7 +125,7 @@ def check_one_f_one_b(one_f_one_b_schedule):
         _expect_bubble(ex, got, want, p, m, why=": some stage waits where 1F1B would not",
                        hint="\nHint: after the warm-up, alternate one forward and one "
                             "backward, the forward first")
-    return (f"{len(SIZES)} (p, m): valid, bubble (p-1)/(m+p-1), min(m, p-s) microbatches "
+    return (f"{len(sizes)} (p, m): valid, bubble (p-1)/(m+p-1), min(m, p-s) microbatches "
             f"in flight on stage s")
 
 

@@ -41,10 +41,10 @@ def _value(ex, call, answer):
 
 
 # ---- 5.1: the lecture's matrix product, split by columns and by rows ---------------------
-@checks.check(EX_SPLIT)
-def check_split_matmul(column_parallel_matmul, row_parallel_matmul):
+@checks.check(EX_SPLIT, hidden=checks.reseeded)
+def check_split_matmul(column_parallel_matmul, row_parallel_matmul, seed=5):
     ex = EX_SPLIT
-    cases = references.split_cases()
+    cases = references.split_cases(seed)
     columns = yield here(call_each, column_parallel_matmul,
                          [((x.clone(), a.clone(), t_col), {}) for x, a, t_col, _ in cases])
     rows = yield here(call_each, row_parallel_matmul,
@@ -141,11 +141,11 @@ def _grade_mlp(ex, params, result, error, rank, n, t, me, where, y_want, dx_want
 
 
 # ---- 5.4: attention split by heads ------------------------------------------------------
-@checks.check(EX_HEADS)
-def check_shard_qkv(shard_qkv, world_sizes=(2, 3)):
+@checks.check(EX_HEADS, hidden=lambda rng: {"cases": references.drawn_qkv_cases(rng)})
+def check_shard_qkv(shard_qkv, world_sizes=(2, 3), cases=tuple(references.QKV_CASES)):
     ex = EX_HEADS
-    layouts = [(heads, t, rank) for heads, t in references.QKV_CASES for rank in range(t)]
-    weights = {(heads, t): references.qkv_weight(heads, t) for heads, t in references.QKV_CASES}
+    layouts = [(heads, t, rank) for heads, t in cases for rank in range(t)]
+    weights = {(heads, t): references.qkv_weight(heads, t) for heads, t in cases}
     calls = [((weights[heads, t].clone(), heads, rank, t), {}) for heads, t, rank in layouts]
     calls.append(((torch.zeros(12, 4, device="cpu"), 4, 0, 3), {}))  # 4 heads over 3 ranks
     answers = yield here(call_each, shard_qkv, calls)

@@ -38,10 +38,10 @@ def members(world, use_pair, rank):
 
 
 # ---- 5.1: the lecture's matrix product and random ones ------------------------------------
-def split_cases():
+def split_cases(seed=5):
     """(X, A, t for the column split, t for the row split)."""
     cases = [(LECTURE_X, LECTURE_A, 2, 3)]  # columns over 2 "GPUs", rows over 3
-    rng = random.Random(5)
+    rng = random.Random(seed)
     for _ in range(6):
         t_col, t_row = rng.choice([1, 2, 3]), rng.choice([1, 2, 3])
         m, k, n = rng.randint(1, 5), t_row * rng.randint(1, 3), t_col * rng.randint(1, 3)
@@ -101,6 +101,11 @@ def shard(full, dim, r, t):
 
 # ---- 5.4: attention split by heads ------------------------------------------------------
 QKV_CASES = [(6, 1), (6, 2), (6, 3), (4, 2), (4, 4), (2, 2)]  # (heads, t)
+
+
+def drawn_qkv_cases(rng):
+    """The gradebook's hidden (heads, t): more heads and ranks than the notebook shows."""
+    return tuple((t * rng.randint(3, 6), t) for t in (rng.randint(2, 5) for _ in range(2)))
 
 
 def qkv_weight(heads, t):

@@ -31,10 +31,10 @@ def members(world, use_pair, rank):
 
 
 # ---- 7.1: all-to-all -----------------------------------------------------------------------
-def all_to_all_cases(world):
+def all_to_all_cases(world, seed=71):
     """[(label, sends (n x n rows), row width or None for 1-D, dtype)] for a group of
     ``world`` ranks."""
-    rng = random.Random(71 + world)
+    rng = random.Random(seed + world)
     n = world
     cases = [("even splits, 2 rows per peer", [[2] * n for _ in range(n)], 3, torch.float32)]
     uneven = [[rng.randint(1, 4) for _ in range(n)] for _ in range(n)]
@@ -86,9 +86,9 @@ def dense_attention(q, k, v, mask=None):
     return out.to(q.dtype), lse.to(q.dtype)
 
 
-def merge_cases():
+def merge_cases(offset=0):
     """[(label, out_a, lse_a, out_b, lse_b, out, lse)]: two halves of the keys and the
-    attention over all of them."""
+    attention over all of them (``offset`` added to every seed: the hidden settings)."""
     cases = []
     specs = [("8 queries over 6 + 10 keys", 8, 6, 10, None, 1.0, torch.float64, 1),
              ("5 queries over 7 + 3 keys, batch 2 x 3 heads", 5, 7, 3, (2, 3), 1.0,
@@ -97,9 +97,9 @@ def merge_cases():
               torch.float64, 3)]
     for label, s_q, s_a, s_b, batch, scale, dtype, seed in specs:
         lead = batch or ()
-        q = seeded(seed, *lead, s_q, 8, dtype=dtype, scale=scale)
-        k = seeded(seed + 10, *lead, s_a + s_b, 8, dtype=dtype)
-        v = seeded(seed + 20, *lead, s_a + s_b, 8, dtype=dtype)
+        q = seeded(offset + seed, *lead, s_q, 8, dtype=dtype, scale=scale)
+        k = seeded(offset + seed + 10, *lead, s_a + s_b, 8, dtype=dtype)
+        v = seeded(offset + seed + 20, *lead, s_a + s_b, 8, dtype=dtype)
         mask = None
         if label.startswith("causal"):  # queries at positions 0..7, keys 0..7: causal
             mask = torch.arange(s_a + s_b).unsqueeze(0) <= torch.arange(s_q).unsqueeze(1)
@@ -110,8 +110,8 @@ def merge_cases():
         cases.append((label, *parts[0], *parts[1], out, lse))
     # float32 with log-sum-exps near 300 on both sides (e^300 overflows float32, and the
     # two weights are comparable: neither side may be ignored), against float64
-    lse_a, lse_b = (300 + seeded(31 + i, 6, scale=2.0).float().double() for i in range(2))
-    out_a, out_b = (seeded(33 + i, 6, 8).float().double() for i in range(2))
+    lse_a, lse_b = (300 + seeded(offset + 31 + i, 6, scale=2.0).float().double() for i in range(2))
+    out_a, out_b = (seeded(offset + 33 + i, 6, 8).float().double() for i in range(2))
     lse = torch.logaddexp(lse_a, lse_b)
     out = (torch.exp(lse_a - lse).unsqueeze(-1) * out_a
            + torch.exp(lse_b - lse).unsqueeze(-1) * out_b)
@@ -119,7 +119,7 @@ def merge_cases():
         out_a, lse_a, out_b, lse_b, out, lse))))
     # an accumulator that starts empty (o = 0, l = -inf) meets a block that queries 0-2
     # cannot see at all: their rows stay empty, o = 0 and l = -inf, not nan
-    q, k, v = seeded(5, 6, 8), seeded(15, 5, 8), seeded(25, 5, 8)
+    q, k, v = seeded(offset + 5, 6, 8), seeded(offset + 15, 5, 8), seeded(offset + 25, 5, 8)
     mask = torch.arange(5).unsqueeze(0) <= torch.arange(6).unsqueeze(1) - 3
     out, lse = dense_attention(q, k, v, mask)
     empty = (torch.zeros_like(out), torch.full_like(lse, float("-inf")))
@@ -152,9 +152,9 @@ def block_flops():
 
 
 # ---- 7.4: dispatch and combine ------------------------------------------------------------
-def dispatch_cases():
+def dispatch_cases(seed=74):
     """[(chosen (T, k), n_experts, n_ranks, capacity)]."""
-    rng = random.Random(74)
+    rng = random.Random(seed)
     cases = [(torch.tensor([[0, 2], [2, 1], [0, 3], [0, 2], [1, 0], [3, 2]]), 4, 2, 3)]
     for n_tokens, k, experts, ranks, cap in [(10, 1, 4, 2, 3), (16, 2, 6, 3, 4),
                                              (9, 2, 4, 4, 9), (20, 3, 8, 2, 5), (7, 1, 3, 3, 1)]:

@@ -81,6 +81,18 @@ FLAT_CASES = [
 ]
 
 
+def drawn_flat_cases(rng, count=6):
+    """The gradebook's hidden ranges: shapes and offsets the notebook does not show."""
+    cases = []
+    for _ in range(count):
+        shape = (rng.randint(2, 40),) if rng.random() < 0.25 else \
+            (rng.randint(2, 9), rng.randint(2, 13))
+        numel = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        start = rng.randint(0, numel - 1)
+        cases.append(("a drawn range", shape, start, rng.randint(1, numel - start)))
+    return tuple(cases)
+
+
 def most_boxes(shape):
     return 1 if len(shape) == 1 else 3
 
