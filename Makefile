@@ -13,7 +13,7 @@ GRADEBOOK ?= grades/gradebook.csv
 GRADE_TIMEOUT ?= 900
 JOBS ?= 1
 
-.PHONY: setup sandbox run test test-slow test-nccl-rules test-gpu test-gpu1 test-torch-oldest test-browser lab \
+.PHONY: setup sandbox run test test-slow test-nccl-rules test-gpu test-gpu1 test-torch-oldest test-browser salt-sweep lab \
 	labs grade bench clean
 
 setup: $(STAMP)
@@ -49,6 +49,20 @@ test: setup sandbox
 # the slowest tests (grading the real Lab 00 and a class of 15, launches over and over): CI runs them after `make test`
 test-slow: setup sandbox
 	$(BIN)/python -m pytest tests -m slow -p no:cacheprovider
+
+# The solutions graded by the gradebook under SWEEPS class secrets: each draws other hidden
+# settings (a salt for torch's seeds, new sizes and cases), and every one must still pass
+SWEEPS ?= 4
+SWEEP_NAME ?= sweep
+salt-sweep: setup sandbox
+	rm -rf runs/salt-sweep && mkdir -p runs/salt-sweep/subs
+	for f in solutions/[0-9]*.ipynb; do cp $$f runs/salt-sweep/subs/; done
+	for k in $$(seq 1 $(SWEEPS)); do \
+	  COURSE_LIB_GRADING_SECRET=$(SWEEP_NAME)-$$k $(BIN)/python -m course_lib.grading.gradebook \
+	    runs/salt-sweep/subs --out runs/salt-sweep/$$k/gradebook.csv --jobs 2 || exit 1; done
+	$(BIN)/python -c "import csv, glob, sys; bad = [(p, r['student'], r['exercise'], r['message'][:300]) \
+	  for p in glob.glob('runs/salt-sweep/*/gradebook.details.csv') for r in csv.DictReader(open(p)) \
+	  if r['status'] != 'pass']; print(*bad, sep='\n'); sys.exit(1 if bad else 0)"
 
 # The distributed tests and every solution notebook with gloo keeping NCCL's rules
 # (course_lib/runtime/nccl_rules.py): what would hang or break on a GPU cluster fails here

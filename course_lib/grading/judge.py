@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from nbformat.v4 import new_output
 
-from course_lib.grading import checks, ids
+from course_lib.grading import checks, ids, salt
 from course_lib.grading.requests import (Student, here, inspect_students, interpret,
                                          not_implemented)
 from course_lib.grading.sandbox import Sandbox, SandboxError
@@ -247,6 +247,7 @@ def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=
         raise checks.refusal(exercise, found)
 
     def answer(request):
+        request = salt.carried(request)  # a hidden run's salt goes where the request runs
         wait = request.timeout + REQUEST_SLACK_S if request.kind == "ranks" else here_timeout
         outcome = ask({"op": "request", "exercise": exercise, "request": request}, wait)
         if outcome is None:
@@ -256,8 +257,13 @@ def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=
     detail = checks.drive(fn.steps(*(Student(n) for n in names), **options), answer)
     if seed is not None and fn.hidden is not None:
         drawn = fn.hidden(random.Random(seed))
+        if salt.KEY in drawn:
+            drawn = {**salt.one_world(fn.steps, options), **drawn}
+        salted = salt.salted(drawn.pop(salt.KEY, 0))  # torch's seeds, here and where it runs
         try:
-            checks.drive(fn.steps(*(Student(n) for n in names), **{**options, **drawn}), answer)
+            with salted:
+                checks.drive(fn.steps(*(Student(n) for n in names), **{**options, **drawn}),
+                             answer)
         except checks.CheckFailed as exc:
             raise checks.CheckFailed(hidden_failure(exercise, exc), exercise=exercise) from None
         detail = (detail + "; " if detail else "") + "and on settings drawn for this submission"

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.ddp import DDP
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.requests import call_each, here, on_ranks
 from course_lib.memory.estimate import OLMO, model_state_bytes
 from course_lib.models import GPT, GPTConfig, deep_mlp
@@ -160,7 +160,7 @@ def check_shard_bounds(shard_bounds, trials=300, seed=2):
     return f"{len(cases)} sizes, every rank"
 
 
-@checks.check("Exercise 3.4")
+@checks.check("Exercise 3.4", hidden=salt.draw)
 def check_zero1_step(zero1_step, world_sizes=(1, 2, 3)):
     ex = "Exercise 3.4"
     for n in world_sizes:
@@ -175,8 +175,8 @@ def check_zero1_step(zero1_step, world_sizes=(1, 2, 3)):
             opt.step()
         for rank, (params, state, _) in enumerate(outs):
             for i, (got, want) in enumerate(zip(params, ref.parameters())):
-                checks.expect_close(ex, got, want.detach(), rank=rank, world_size=n, rtol=1e-5,
-                                    atol=1e-6, what=f"parameter {i} after {STEPS} AdamW steps "
+                checks.expect_close(ex, got, want.detach(), rank=rank, world_size=n, rtol=1e-4,
+                                    atol=1e-5, what=f"parameter {i} after {STEPS} AdamW steps "
                                                     f"(vs unsharded AdamW on the whole batch)",
                                     hint="give the shard the slice [rank*size, (rank+1)*size) "
                                          "of the flat gradient, step, then all-gather the "

@@ -73,7 +73,7 @@ def test_the_choice_flips_at_the_crossover_and_never_on_two_ranks():
 
 
 def test_a_student_style_answer_and_the_library_s_pass(sandbox):
-    assert "SUM and MAX" in judged(sandbox, lab01.check_adaptive_all_reduce, choose, adaptive)
+    assert "SUM and MAX" in judged(sandbox, lab01.check_adaptive_all_reduce, choose, adaptive, seed=7)
     lab01.check_adaptive_all_reduce(cost_model.choose_all_reduce, adaptive_all_reduce,
                                     world_sizes=(3,))
 

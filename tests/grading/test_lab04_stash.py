@@ -82,7 +82,7 @@ class LeftRestored(Stash):
 def test_a_students_stash_passes(sandbox, capsys):
     lab04.check_weight_stash(Stash, world_sizes=(3,))
     assert "✓ Exercise 4.5 passed" in capsys.readouterr().out
-    assert "passed" in judged(sandbox, lab04.check_weight_stash, Stash, world_sizes=(2,))
+    assert "passed" in judged(sandbox, lab04.check_weight_stash, Stash, world_sizes=(2,), seed=7)
 
 
 @pytest.mark.parametrize("wrong,fragment,depth", [

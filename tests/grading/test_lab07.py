@@ -214,7 +214,7 @@ def scores_of_every_block(q, k, v, group=None):
 
 
 def test_ring_forward_passes_as_judged(sandbox):
-    assert "r + 1 blocks" in judged(sandbox, lab07.check_ring_forward, ring_attention_forward)
+    assert "r + 1 blocks" in judged(sandbox, lab07.check_ring_forward, ring_attention_forward, seed=7)
 
 
 @pytest.mark.parametrize("wrong, reason", [

@@ -63,7 +63,7 @@ def returns_nothing(path, entry, destination, box):
 
 
 def test_the_solution_passes_as_judged(sandbox):
-    assert "equal to DCP" in judged(sandbox, check_resharding_load, fill_box)
+    assert "equal to DCP" in judged(sandbox, check_resharding_load, fill_box, seed=7)
 
 
 @pytest.mark.slow  # a 4-rank job each: CI runs them after make test

@@ -67,7 +67,7 @@ def restore_without_return(state, cursor):
 
 def test_the_solution_passes_as_judged(sandbox):
     assert "bit for bit" in judged(sandbox, check_exact_resume, training_state,
-                                   restore_training_state)
+                                   restore_training_state, seed=7)
 
 
 @pytest.mark.slow  # a 3-rank job each: CI runs them after make test

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.lab02 import jobs, messages, references
 from course_lib.grading.lab02.blank_page import check_ddp_from_blank_page  # noqa: F401
 from course_lib.grading.lab02.predictions import (check_bytes_per_step_prediction,  # noqa: F401
@@ -46,7 +46,7 @@ def grade_training(ex, outs, world, hint, kind="mlp"):
                                 hint=messages.SAME_GRADIENTS_HINT)
 
 
-@checks.check("Exercise 2.1")
+@checks.check("Exercise 2.1", hidden=salt.draw)
 def check_average_gradients(average_gradients, world_sizes=(1, 2, 3)):
     ex = "Exercise 2.1"
     for n in world_sizes:
@@ -72,7 +72,7 @@ def check_assign_buckets(assign_buckets, trials=200, seed=0):
     return f"{len(HAND_CASES)} hand-checked cases and {trials} random ones"
 
 
-@checks.check("Exercise 2.3")
+@checks.check("Exercise 2.3", hidden=salt.draw)
 def check_bucketed_ddp(make_ddp, world_sizes=(1, 2, 3)):
     """On a model whose layers run in another order than they are registered
     (so bucket 1 completes before bucket 0), one layer per bucket."""
@@ -95,7 +95,7 @@ def check_bucketed_ddp(make_ddp, world_sizes=(1, 2, 3)):
             f"during backward")
 
 
-@checks.check("Exercise 2.4")
+@checks.check("Exercise 2.4", hidden=salt.draw)
 def check_accumulation(train_step, world_sizes=(1, 2, 3), micro_batches=(2, 4)):
     ex = "Exercise 2.4"
     for n in world_sizes:
@@ -110,7 +110,7 @@ def check_accumulation(train_step, world_sizes=(1, 2, 3), micro_batches=(2, 4)):
             f"all-reduce per step, equal to one process on the whole batch")
 
 
-@checks.check("Exercise 2.5")
+@checks.check("Exercise 2.5", hidden=salt.draw)
 def check_bf16_hook(hook, world_sizes=(1, 2, 3), numel=1001):
     ex = "Exercise 2.5"
     for n in world_sizes:

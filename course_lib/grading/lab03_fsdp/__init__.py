@@ -18,7 +18,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.lab03 import answered
 from course_lib.grading.lab03_fsdp.jobs import (UNIT_CFG, UNIT_LR, UNIT_ROWS,  # noqa: F401
                                                 UNIT_STEPS, prefetch_plans, probe_hooks,
@@ -110,12 +110,15 @@ def _check_unit_run(ex, outs, world, hint):
                                 what=f"unit {unit}: its shard's gradient after the first backward "
                                      f"(vs one process on the whole batch)", hint=hint)
         for name, tensor in state.items():
+            # AdamW divides by sqrt(v): where a gradient is near 0, the sum's order (a
+            # reduce-scatter against one process) moves a weight by up to ~1e-4; a wrong
+            # unit is off by a step, lr = 1e-2
             checks.expect_close(ex, got_state[name], tensor, rank=rank, world_size=world,
-                                rtol=1e-5, atol=2e-5, what=f"{name} after {UNIT_STEPS} AdamW steps",
+                                rtol=1e-4, atol=5e-4, what=f"{name} after {UNIT_STEPS} AdamW steps",
                                 hint=hint)
 
 
-@checks.check("Exercise 3.6")
+@checks.check("Exercise 3.6", hidden=salt.draw)
 def check_gather_shards(gather_shards, world_sizes=(2, 3)):
     ex = "Exercise 3.6"
     for n in world_sizes:
@@ -173,7 +176,7 @@ def _judge_hooks(ex, facts):
                                  f"(an activation) must come back unchanged from pack/unpack.")
 
 
-@checks.check("Exercise 3.7")
+@checks.check("Exercise 3.7", hidden=salt.draw)
 def check_free_between_passes(free_between_passes, world_sizes=(2, 3)):
     ex = "Exercise 3.7"
     _judge_hooks(ex, (yield here(probe_hooks, free_between_passes)))

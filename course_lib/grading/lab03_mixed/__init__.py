@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.lab03_mixed.jobs import (MASTER_CASES, SCALER_SETTINGS, SCALER_STEPS,
                                                  master_facts, master_model, scaler_facts,
                                                  train_with_master)
@@ -70,7 +70,7 @@ def _judge_masters(ex, where, got, seed, lr, steps):
                              f"Hint: {why}")
 
 
-@checks.check("Exercise 3.9")
+@checks.check("Exercise 3.9", hidden=salt.draw)
 def check_master_weights(master_cls):
     ex = "Exercise 3.9"
     facts = yield here(master_facts, master_cls)
@@ -156,7 +156,7 @@ def _scale_step(ex, where, i, got, want, before, settings):
                              f"Hint: {why}.")
 
 
-@checks.check("Exercise 3.10")
+@checks.check("Exercise 3.10", hidden=salt.draw)
 def check_loss_scaler(scaler_cls):
     ex = "Exercise 3.10"
     facts = yield here(scaler_facts, scaler_cls)

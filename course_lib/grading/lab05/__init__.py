@@ -20,7 +20,7 @@ import numbers
 
 import torch
 
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.lab05 import jobs, messages, references
 from course_lib.grading.lab05.block import EX_BLOCK, check_tp_block
 from course_lib.grading.lab05.predictions import (check_all_reduce_count_prediction,
@@ -77,7 +77,7 @@ def check_split_matmul(column_parallel_matmul, row_parallel_matmul, seed=5):
 
 
 # ---- 5.2: f and g ---------------------------------------------------------------------
-@checks.check(EX_FG)
+@checks.check(EX_FG, hidden=salt.draw)
 def check_f_and_g(copy_to_tp, reduce_from_tp, world_sizes=(2, 3)):
     ex = EX_FG
     for n in world_sizes:
@@ -93,7 +93,7 @@ def check_f_and_g(copy_to_tp, reduce_from_tp, world_sizes=(2, 3)):
 
 
 # ---- 5.3: a parallel MLP --------------------------------------------------------------
-@checks.check(EX_MLP)
+@checks.check(EX_MLP, hidden=salt.draw)
 def check_parallel_mlp(mlp_class, world_sizes=(2, 3)):
     ex = EX_MLP
     dense = references.dense_mlp_reference()

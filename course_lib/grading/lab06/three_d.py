@@ -17,7 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.requests import on_ranks
 from course_lib.models import GPT
 from course_lib.pipeline.runs import corpus_batches, corpus_config, gpt_loss
@@ -87,7 +87,7 @@ def _judge(outs, want, dp, tp, pp):
                 f"rows.\nHint: {why}.")
 
 
-@checks.check(EX)
+@checks.check(EX, hidden=salt.draw)
 def check_three_d(train_3d, meshes=tuple(MESHES)):
     for dp, tp, pp in meshes:
         outs = yield on_ranks(three_d_job, train_3d, CFG, dp, tp, pp, STEPS, BATCH,

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course_lib.grading import checks
+from course_lib.grading import checks, salt
 from course_lib.grading.requests import on_ranks
 
 EX_RESUME = "Exercise 8.5"
@@ -130,7 +130,7 @@ def resume_job(training_state, restore_training_state, root):
     return {"start": start, "resumed": resumed, "after": after}
 
 
-@checks.check(EX_RESUME)
+@checks.check(EX_RESUME, hidden=salt.draw)
 def check_exact_resume(training_state, restore_training_state):
     ex = EX_RESUME
     reference = checks.reference_ranks(reference_job, nproc=WORLD)
