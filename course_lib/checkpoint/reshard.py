@@ -101,13 +101,10 @@ def _pieces(value):
     return [v.local for v in value]
 
 
-def compare_with_dcp(root, layout="tp", load_fn=load, group=None):
-    """Fill ``layout``'s state (over ``group``) from ``root/ours`` with ``load_fn`` (ours,
-    or one with a student's ``fill``) and from ``root/dcp`` with DCP; every box starts as
-    NaN. Returns {"boxes": {name: count}, "differ": boxes that differ, "unfilled": boxes
-    still NaN, "read": what ``load_fn`` returned, "wanted": the bytes of this rank's boxes}."""
-    from course_lib.checkpoint.dcp_reference import dcp_boxes, empty_like_state
-
+def loaded_boxes(root, layout="tp", load_fn=load, group=None):
+    """``layout``'s state (over ``group``) filled from ``root/ours`` by ``load_fn``, every
+    box starting as NaN: ({name: [this rank's boxes]}, what ``load_fn`` returned, the
+    bytes of this rank's boxes)."""
     model, optimizer = build(layout, group=group)
     ensure_optimizer_state(model, optimizer)
     ours = state_of(model, optimizer)
@@ -115,21 +112,45 @@ def compare_with_dcp(root, layout="tp", load_fn=load, group=None):
         for value in ours.values():
             for t in _pieces(value):
                 t.fill_(float("nan"))
-    theirs = empty_like_state(ours)
     read = load_fn(ours, root / "ours")
+    wanted = sum(t.numel() * t.element_size() for v in ours.values() for t in _pieces(v))
+    return {name: _pieces(value) for name, value in ours.items()}, read, wanted
+
+
+def dcp_boxes_of(root, layout="tp", group=None):
+    """The same boxes as :func:`loaded_boxes`, filled by DCP from ``root/dcp``."""
+    from course_lib.checkpoint.dcp_reference import dcp_boxes, empty_like_state
+
+    model, optimizer = build(layout, group=group)
+    ensure_optimizer_state(model, optimizer)
+    theirs = empty_like_state(state_of(model, optimizer))
     dcp_boxes(root / "dcp", theirs, group)
+    return {name: _pieces(value) for name, value in theirs.items()}
+
+
+def compare_boxes(mine, reference):
+    """(boxes per name, boxes that differ, boxes left NaN) of two {name: [boxes]}."""
     boxes, differ, unfilled = {}, [], []
-    for name in ours:
-        mine, reference = _pieces(ours[name]), _pieces(theirs[name])
-        boxes[name] = len(mine)
-        for i, (a, b) in enumerate(zip(mine, reference, strict=True)):
+    for name in mine:
+        boxes[name] = len(mine[name])
+        for i, (a, b) in enumerate(zip(mine[name], reference[name], strict=True)):
             if torch.isnan(a).any() or torch.isnan(b).any():
                 unfilled.append(f"{name}[{i}]")
             elif not (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)):
                 differ.append(f"{name}[{i}]")
-    wanted = sum(t.numel() * t.element_size() for v in ours.values() for t in _pieces(v))
+    return boxes, differ, unfilled
+
+
+def compare_with_dcp(root, layout="tp", load_fn=load, group=None):
+    """Fill ``layout``'s state (over ``group``) from ``root/ours`` with ``load_fn`` (ours,
+    or one with a student's ``fill``) and from ``root/dcp`` with DCP; every box starts as
+    NaN. Returns {"boxes": {name: count}, "differ": boxes that differ, "unfilled": boxes
+    still NaN, "read": what ``load_fn`` returned, "wanted": the bytes of this rank's boxes}."""
+    mine, read, wanted = loaded_boxes(root, layout, load_fn, group)
+    boxes, differ, unfilled = compare_boxes(mine, dcp_boxes_of(root, layout, group))
     return {"boxes": boxes, "differ": differ, "unfilled": unfilled, "read": read,
             "wanted": wanted}
 
 
-__all__ = ["LAYOUTS", "config", "build", "train_and_save", "continue_from", "compare_with_dcp"]
+__all__ = ["LAYOUTS", "config", "build", "train_and_save", "continue_from", "loaded_boxes",
+           "dcp_boxes_of", "compare_boxes", "compare_with_dcp"]

@@ -80,10 +80,6 @@ BUILT_ON = {
     "course_lib.checkpoint.load:fill_box": "Exercise 8.3's check loads the student's save",
     "course_lib.checkpoint.load:_read": "Exercise 8.3's check loads the student's save",
     "course_lib.checkpoint.save:save": "Exercises 8.4 and 8.5 save through the library",
-    # Exercise 8.4's check computes its expected boxes with DCP on the student's ranks: the
-    # next step moves that into the judge's own job
-    "course_lib.checkpoint.dcp_reference:dcp_boxes": "Exercise 8.4's check loads with DCP there",
-    "torch.distributed.checkpoint.state_dict_loader:load": "Exercise 8.4's check loads with DCP",
 }
 
 

@@ -97,7 +97,7 @@ def _reference(name, world, scale=1.0):
 
 def _same(got, want):
     return len(got) == len(want) and all(g.shape == w.shape and torch.allclose(
-        g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got, want))
+        g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want))
 
 
 def _judge_counts(ex, n, calls):
@@ -156,8 +156,8 @@ def check_zero2(zero2_cls, world_sizes=(2, 3)):
                                "divide by n, step, all-gather the shards and copy each "
                                "parameter's part back (under torch.no_grad())")
                     for i, (g, w) in enumerate(zip(got, want)):
-                        checks.expect_close(ex, g, w, rank=rank, world_size=n, rtol=1e-5,
-                                            atol=1e-6, what=f"parameter {i} after {STEPS} "
+                        checks.expect_close(ex, g, w, rank=rank, world_size=n, rtol=1e-4,
+                                            atol=1e-5, what=f"parameter {i} after {STEPS} "
                                             f"{name} steps (vs one process on the whole batch)",
                                             hint=why)
                     raise checks.CheckFailed(f"{where}: the parameters differ from one process "

@@ -1,5 +1,6 @@
 """Lab 06's checks: pass the solutions, fail these plausible wrong answers with a message
 that says what is wrong, and refuse the library's own planner."""
+import random
 import pytest
 import torch.distributed as dist
 
@@ -63,6 +64,9 @@ def groups_without_tp(pp, dp, tp):
 
 def test_coordinates_and_groups_pass_and_their_mistakes_fail(sandbox):
     lab06.check_mesh_groups(coords_of, group_ranks, build_groups)
+    for seed in range(4):  # the gradebook's hidden grids
+        lab06.check_mesh_groups(coords_of, group_ranks, build_groups,
+                                **lab06.check_mesh_groups.hidden(random.Random(seed)))
     with pytest.raises(checks.CheckFailed, match=r"coords_of\(1\) with pp=1, dp=2, tp=2"):
         judged(sandbox, lab06.check_mesh_groups, coords_dp_fastest, group_ranks, build_groups)
     with pytest.raises(checks.CheckFailed, match=r"group_ranks\('dp', 0\) with pp=1, dp=4"):
@@ -100,6 +104,9 @@ def params_per_rank(name, cfg, dp, inner, split_norms=False, pad=True, even=Fals
 
 def test_parameters_per_rank_pass_and_their_mistakes_fail(sandbox):
     lab06.check_params_per_rank(params_per_rank)
+    for seed in range(20):  # the gradebook's hidden models and splits
+        lab06.check_params_per_rank(params_per_rank,
+                                    **lab06.check_params_per_rank.hidden(random.Random(seed)))
     wrong = {
         "the row layers' biases": lambda *a: params_per_rank(*a, split_norms=True),
         "partition": lambda *a: params_per_rank(*a, even=True),
@@ -147,6 +154,8 @@ def by_the_library(shape, n, work, gpu):
 
 def test_choosing_a_mesh_passes_and_its_mistakes_fail(sandbox):
     lab06.check_choose_mesh(choose_mesh)
+    for seed in range(6):  # the gradebook's hidden runs
+        lab06.check_choose_mesh(choose_mesh, **lab06.check_choose_mesh.hidden(random.Random(seed)))
     with pytest.raises(checks.CheckFailed, match="GB per GPU: more than plan.fits allows"):
         judged(sandbox, lab06.check_choose_mesh, lambda *a: choose_mesh(*a, check_fit=False))
     with pytest.raises(checks.CheckFailed, match="raised ValueError .*does not split"):

@@ -90,10 +90,20 @@ def _expect(ex, answer, want, what):
                                  f"{_layout_hint()}.", exercise=ex)
 
 
-@checks.check(EX_COORDS)
-def check_mesh_groups(coords_of, group_ranks, build_groups):
+def _drawn_shapes(rng):
+    """The gradebook's hidden (pp, dp, tp): grids the notebook does not show."""
+    shapes = []
+    while len(shapes) < 3:
+        shape = tuple(rng.randint(1, 4) for _ in range(3))
+        if shape not in SHAPES and shape not in shapes and shape[0] * shape[1] * shape[2] <= 32:
+            shapes.append(shape)
+    return {"shapes": tuple(shapes)}
+
+
+@checks.check(EX_COORDS, hidden=_drawn_shapes)
+def check_mesh_groups(coords_of, group_ranks, build_groups, shapes=tuple(SHAPES)):
     ex = EX_COORDS
-    ranks = [(shape, rank) for shape in SHAPES for rank in range(shape[0] * shape[1] * shape[2])]
+    ranks = [(shape, rank) for shape in shapes for rank in range(shape[0] * shape[1] * shape[2])]
     coords = yield here(call_each, coords_of, [((rank, *shape), {}) for shape, rank in ranks])
     groups = yield here(call_each, group_ranks, [((name, rank, *shape), {})
                                                  for shape, rank in ranks for name in DIMS])
@@ -127,7 +137,7 @@ def check_mesh_groups(coords_of, group_ranks, build_groups):
                     raise checks.CheckFailed(
                         f"{ex}: {where}: an all-reduce of the global ranks over it gave "
                         f"{total}, expected {sum(want)} (the sum over {want}).", exercise=ex)
-    return (f"{len(SHAPES)} shapes by arithmetic, 3 layouts of 4 real ranks: members and an "
+    return (f"{len(shapes)} shapes by arithmetic, 3 layouts of 4 real ranks: members and an "
             f"all-reduce over each group")
 
 
@@ -156,13 +166,27 @@ PARAM_HINTS = {
 }
 
 
-@checks.check(EX_PARAMS)
-def check_params_per_rank(params_per_rank):
+def _drawn_param_cases(rng):
+    """The gradebook's hidden cases: a model and a split of each strategy, drawn."""
+    cases = []
+    for name in PARAM_HINTS:
+        heads = rng.choice((1, 2, 4, 6))
+        cfg = GPTConfig(vocab=rng.randint(5, 600), dim=heads * rng.randint(2, 8),
+                        layers=rng.randint(1, 5), heads=heads, seq_len=rng.randint(2, 32))
+        inner = {"dp": rng.randint(1, 4), "dp_fsdp": rng.randint(1, 7),
+                 "dp_tp": rng.choice([t for t in range(1, heads + 1) if heads % t == 0]),
+                 "dp_pp": rng.randint(1, cfg.layers)}[name]
+        cases.append((name, cfg, rng.randint(1, 3), inner))
+    return {"cases": tuple(cases)}
+
+
+@checks.check(EX_PARAMS, hidden=_drawn_param_cases)
+def check_params_per_rank(params_per_rank, cases=tuple(PARAM_CASES)):
     from course_lib.hybrid.table import params_per_rank as expected
 
     ex = EX_PARAMS
-    answers = yield here(call_each, params_per_rank, [(case, {}) for case in PARAM_CASES])
-    for (name, cfg, dp, inner), answer in zip(PARAM_CASES, answers):
+    answers = yield here(call_each, params_per_rank, [(case, {}) for case in cases])
+    for (name, cfg, dp, inner), answer in zip(cases, answers):
         call = f"params_per_rank({name!r}, {cfg}, dp={dp}, inner={inner})"
         if "raised" in answer:
             raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: "
@@ -171,7 +195,7 @@ def check_params_per_rank(params_per_rank):
         if got != want:
             raise checks.CheckFailed(f"{ex}: {call} = {got!r}, expected {want}.\nHint: "
                                      f"{PARAM_HINTS[name]}.", exercise=ex)
-    return f"{len(PARAM_CASES)} cases of the four strategies, uneven splits included"
+    return f"{len(cases)} cases of the four strategies, uneven splits included"
 
 
 # ---- 6.3: choosing a mesh for a real run ------------------------------------------------
@@ -214,12 +238,25 @@ def _mesh_of(got):
     return None
 
 
-@checks.check(EX_PLAN)
-def check_choose_mesh(choose_mesh):
+def _drawn_plans(rng):
+    """The gradebook's hidden runs: other models, GPU counts, GPUs and workloads."""
+    from course_lib.hybrid import plan
+    from course_lib.memory.estimate import OLMO
+
+    works = [plan.Workload(), plan.Workload(checkpointing=True, zero=3),
+             plan.Workload(global_batch=96, micro_batch=2)]
+    return {"cases": tuple((rng.choice(sorted(OLMO)), rng.choice((8, 16, 24, 32, 48, 64, 128)),
+                            rng.choice(works), rng.choice((plan.A100_40GB, plan.H100_80GB)))
+                           for _ in range(3))}
+
+
+@checks.check(EX_PLAN, hidden=_drawn_plans)
+def check_choose_mesh(choose_mesh, cases=None):
     from course_lib.hybrid import plan
 
     ex = EX_PLAN
-    cases, models = plan_cases()
+    shown, models = plan_cases()
+    cases = shown if cases is None else cases
     answers = yield here(meshes, choose_mesh, [(models[name], n, work, gpu)
                                                for name, n, work, gpu in cases])
     for (name, n, work, gpu), answer in zip(cases, answers):

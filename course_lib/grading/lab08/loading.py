@@ -2,14 +2,15 @@
 box)`` fills one box of a tensor from the pieces a checkpoint saved (their overlaps, read
 as byte runs), and ``course_lib.checkpoint.load`` calls it for every box of a state.
 
-One job on 4 ranks: the tiny GPT trained under FSDP on all 4 is saved twice, by the
-library (flat ranges of the units' shards, several pieces per rank and file) and by
-torch.distributed.checkpoint (DCP, the reference). Then the student's load fills the
-state of three other layouts inside the same job, each on a group that is not the
-world: tensor parallelism on ranks {0, 1}, FSDP on {0, 1, 2} (other flat ranges, uneven)
-and one process on {3}; DCP's load fills a copy of the same boxes. The verdict, here:
-every box equal to DCP's bit for bit, none left unfilled, and the bytes ``fill_box``
-says it read equal to the bytes of the boxes it filled.
+One job on 4 of the student's ranks: the tiny GPT trained under FSDP on all 4 is saved
+by the library (flat ranges of the units' shards, several pieces per rank and file), and
+the student's load fills the state of three other layouts inside the same job, each on a
+group that is not the world: tensor parallelism on ranks {0, 1}, FSDP on {0, 1, 2}
+(other flat ranges, uneven) and one process on {3}; the job answers with the boxes. The
+reference is the judge's own job on its own ranks (never the student's code): the same
+training saved through torch.distributed.checkpoint (DCP), whose load fills the same
+boxes. The verdict, here: every box equal to DCP's bit for bit, none left unfilled, and
+the bytes ``fill_box`` says it read equal to the bytes of the boxes it filled.
 """
 from __future__ import annotations
 
@@ -28,17 +29,32 @@ __all__ = ["check_resharding_load", "resharding_job"]
 
 
 def resharding_job(fill_box):
-    """On every rank: {layout: the comparison with DCP} for the layouts it took part in."""
+    """On every rank of the student's job: {layout: {"boxes": {name: [boxes]}, "read":
+    bytes fill_box said it read, "wanted": bytes of the boxes}} for its layouts."""
     from course_lib.checkpoint import load, reshard
 
     root, rank = _shared_folder(), dist.get_rank()
-    reshard.train_and_save(root, after=0)
+    reshard.train_and_save(root, after=0, with_dcp=False)
     groups = {layout: dist.new_group(list(members)) for layout, members in LAYOUTS}
     student_load = functools.partial(load, fill=fill_box)
     out = {}
     for layout, members in LAYOUTS:
         if rank in members:
-            out[layout] = reshard.compare_with_dcp(root, layout, student_load, groups[layout])
+            boxes, read, wanted = reshard.loaded_boxes(root, layout, student_load, groups[layout])
+            out[layout] = {"boxes": boxes, "read": read, "wanted": wanted}
+    _remove(root)
+    return out
+
+
+def dcp_job():
+    """On every rank of the judge's job: {layout: {name: [boxes DCP filled]}}."""
+    from course_lib.checkpoint import reshard
+
+    root, rank = _shared_folder(), dist.get_rank()
+    reshard.train_and_save(root, after=0)
+    groups = {layout: dist.new_group(list(members)) for layout, members in LAYOUTS}
+    out = {layout: reshard.dcp_boxes_of(root, layout, groups[layout])
+           for layout, members in LAYOUTS if rank in members}
     _remove(root)
     return out
 
@@ -56,9 +72,14 @@ def check_resharding_load(fill_box):
             f"overlap at its offsets minus the box's offsets.", exercise=ex)
         failed.stacks = getattr(exc, "stacks", None)
         raise failed from None
+    from course_lib.checkpoint.reshard import compare_boxes
+
+    references = checks.reference_ranks(dcp_job, nproc=4, timeout=180)
     for layout, members in LAYOUTS:
         for rank in members:
             got = outs[rank][layout]
+            _, differ, unfilled = compare_boxes(got["boxes"], references[rank][layout])
+            got = {**got, "differ": differ, "unfilled": unfilled}
             where = f"loading into {_name(layout, members)}, on rank {rank}"
             if got["unfilled"]:
                 raise checks.CheckFailed(

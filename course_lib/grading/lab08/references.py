@@ -140,6 +140,24 @@ OVERLAP_CASES = [
 ]
 
 
+def drawn_boxes(rng):
+    """The gradebook's hidden overlaps and reads: boxes in 1 to 3 dimensions, drawn."""
+    def box(ndim, within=None):
+        if within is None:
+            return (tuple(rng.randint(0, 6) for _ in range(ndim)),
+                    tuple(rng.randint(1, 6) for _ in range(ndim)))
+        offsets = [rng.randint(o, o + s - 1) for o, s in zip(*within)]
+        return (tuple(offsets), tuple(rng.randint(1, o + s - p)
+                                      for p, o, s in zip(offsets, *within)))
+
+    pairs = tuple((box(n), box(n)) for n in (rng.randint(1, 3) for _ in range(4)))
+    reads = []
+    for ndim in (1, 2, 2):
+        stored = box(ndim)
+        reads.append((stored, box(ndim, within=stored), rng.choice((2, 4, 8))))
+    return {"pairs": pairs, "reads": tuple(reads)}
+
+
 def overlap_of(box_a, box_b):
     (oa, za), (ob, zb) = box_a, box_b
     lo = [max(a, b) for a, b in zip(oa, ob)]

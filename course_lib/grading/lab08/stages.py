@@ -79,12 +79,25 @@ def _answer(got, root):
         return {"outside": str(got)[:200]}
 
 
-def stages_answers(latest_complete):
+def drawn_scenarios(rng):
+    """The gradebook's hidden roots: steps, stages and markers drawn."""
+    scenarios = []
+    for _ in range(3):
+        n = rng.randint(1, 4)
+        steps = rng.sample(range(1, 1000), rng.randint(1, 5))
+        width = rng.choice((0, 6))  # plain or zero-padded, as save_stage writes them
+        entries = {f"step_{t:0{width}d}" if width else f"step_{t}":
+                   "".join(rng.choice("cccu-") for _ in range(n)) for t in steps}
+        scenarios.append(("a drawn root", n, entries))
+    return {"scenarios": tuple(scenarios)}
+
+
+def stages_answers(latest_complete, scenarios=tuple(SCENARIOS)):
     """Each scenario built afresh and handed to ``latest_complete``: [{"value": name
     relative to the root, or None} | {"raised": ...} | {"type": ...} | {"outside": ...}]."""
     base, answers = Path(tempfile.mkdtemp(prefix="lab08-stages-")), []
     try:
-        for case, (_, n_stages, entries) in enumerate(SCENARIOS):
+        for case, (_, n_stages, entries) in enumerate(scenarios):
             root = base / f"case{case}" / "ckpt"
             if entries is not None:
                 _build(root, entries)
@@ -105,10 +118,10 @@ def expected(entries, n_stages):
     return max(steps)[1] if steps else None
 
 
-@checks.check(EX_STAGES)
-def check_latest_complete(latest_complete):
-    answers = yield here(stages_answers, latest_complete)
-    for (label, n, entries), answer in zip(SCENARIOS, answers):
+@checks.check(EX_STAGES, hidden=drawn_scenarios)
+def check_latest_complete(latest_complete, scenarios=tuple(SCENARIOS)):
+    answers = yield here(stages_answers, latest_complete, scenarios)
+    for (label, n, entries), answer in zip(scenarios, answers):
         why = _mistake(answer, entries, n)
         if why:
             shown = "" if not entries else (f": {entries} (a step's stages: c committed, u "
@@ -116,7 +129,7 @@ def check_latest_complete(latest_complete):
             raise checks.CheckFailed(
                 f"{EX_STAGES}: latest_complete(root, {n}) on {label}{shown} {_said(answer)}; "
                 f"expected {_root(expected(entries, n))}.\nWhy: {why}")
-    return (f"{len(SCENARIOS)} roots: empty and missing, stages missing or not committed, "
+    return (f"{len(scenarios)} roots: empty and missing, stages missing or not committed, "
             f"steps 99 and 100 unpadded, other entries, 1 to 4 stages")
 
 
