@@ -68,6 +68,9 @@ BEHIND_THE_TEXT = {
     # the instruments a check reads (a FLOP counter, a log of operations) are per thread
     "threading.Thread": "runs code in another thread",
     "concurrent.futures.ThreadPoolExecutor": "runs code in another thread",
+    # a module named by a string: the judge's reading of the source follows names only
+    "importlib.import_module": "imports a module named by a string",
+    "importlib.__import__": "imports a module named by a string",
 }
 # IPython's hooks on what a cell runs or what its error shows
 IPYTHON_HOOKS = {"input_transformers_cleanup", "input_transformers_post", "ast_transformers",
@@ -264,6 +267,9 @@ def _behind_the_text(node, aliases):
             yield f"private:{reached}", f"reaches beneath the instruments ({reached})"
     if isinstance(node, ast.Attribute) and node.attr in IPYTHON_HOOKS:
         yield ast.dump(node), f"hooks IPython ({node.attr})"
+    elif isinstance(node, ast.Attribute) and node.attr == "modules" \
+            and _dotted(node, aliases) == "sys.modules":
+        yield ast.dump(node), "reaches a module through sys.modules"
     elif isinstance(node, ast.Attribute) and node.attr == "__file__":
         path = _dotted(node.value, aliases) or ""
         if path.split(".")[0] in ("course_lib", "torch"):

@@ -116,6 +116,12 @@ def interpret(exercise, request, outcome, kept=None):
         if why:
             raise CheckFailed(f"{exercise}: {SEAL_BROKEN} while your code ran ({why}); the "
                               f"traffic cannot be graded.", exercise=exercise)
+        called = wire.broken(answer, wire.NOT_P2P)
+        if called:
+            raise CheckFailed(f"{exercise}: this exercise is built from point-to-point "
+                              f"messages only (course_lib.comm's send, recv and exchange), but "
+                              f"your code called the process group's collective(s) {called}.",
+                              exercise=exercise)
         return answer
     if outcome.get("stub"):
         raise NotImplementedError(not_implemented(exercise))

@@ -30,7 +30,13 @@ from collections import Counter
 from contextlib import contextmanager
 
 BROKEN = "seal_broken"  # the key of an answer whose instruments were written to
+NOT_P2P = "collectives_called"  # the key of an answer that used collectives where it may not
 P2P_FIELDS = ("sent_messages", "sent_bytes", "recv_messages", "recv_bytes")
+# the process group's collectives (a barrier only synchronises: it carries no data)
+COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base",
+               "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter",
+               "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "broadcast",
+               "alltoall", "alltoall_base", "reduce", "gather", "scatter")
 
 
 def _classes():
@@ -49,10 +55,12 @@ def _nbytes(tensors):
 class Traffic:
     """The block's traffic: the wire's point-to-point counts over ``comm``'s report."""
 
-    def __init__(self, stats):
+    def __init__(self, stats, p2p_only=False):
         self.stats = stats  # comm's CommStats for the same block
         self.sent, self.received = Counter(), Counter()  # peer -> bytes
         self.sent_messages = self.recv_messages = 0
+        self.collective_calls = Counter()  # the process group's method -> calls
+        self.p2p_only = p2p_only
         self.broken = []
 
     def add(self, sending, tensors, peer):
@@ -82,6 +90,8 @@ class Traffic:
                               + "; ".join(over) + ")"] if over else [])
         if why:
             report[BROKEN] = "; ".join(why)
+        if self.p2p_only and self.collective_calls:
+            report[NOT_P2P] = ", ".join(sorted(self.collective_calls))
         return report
 
 
@@ -94,14 +104,23 @@ def _wrapped(method, traffic, sending, anysource=False):
     return counted
 
 
+def _collective(method, traffic, name):
+    def counted(group, *args, **kwargs):
+        traffic.collective_calls[name] += 1
+        return method(group, *args, **kwargs)
+    return counted
+
+
 @contextmanager
-def counting():
+def counting(p2p_only=False):
     """``comm.counting()``, with the point-to-point traffic counted on the wire (see the
-    module); yields a :class:`Traffic`."""
+    module); yields a :class:`Traffic`. ``p2p_only``: the exercise is built from
+    point-to-point messages, and a collective of the process group (torch's
+    ``all_gather``, ``broadcast``...) called in the block is reported (:data:`NOT_P2P`)."""
     from course_lib import comm
 
     with comm.counting() as stats:
-        traffic = Traffic(stats)
+        traffic = Traffic(stats, p2p_only)
         placed = []
         for cls in _classes():
             for name, sending, anysource in (("send", True, False), ("recv", False, False),
@@ -112,6 +131,12 @@ def counting():
                 wrapper = _wrapped(method, traffic, sending, anysource)
                 setattr(cls, name, wrapper)
                 placed.append((cls, name, method, wrapper))
+            for name in COLLECTIVES:
+                method = cls.__dict__.get(name)
+                if method is not None:
+                    wrapper = _collective(method, traffic, name.strip("_"))
+                    setattr(cls, name, wrapper)
+                    placed.append((cls, name, method, wrapper))
         try:
             yield traffic
         finally:
@@ -140,15 +165,16 @@ def watch(traffic, module=None, names=()):
                            for name, wrapper in placed.items() if getattr(module, name) is not wrapper]
 
 
-def broken(answer):
-    """Why the seal broke, if any part of ``answer`` (decoded plain data) says it did."""
+def broken(answer, key=BROKEN):
+    """Why the seal broke (or, ``key=NOT_P2P``, the collectives called), if any part of
+    ``answer`` (decoded plain data) says so."""
     if isinstance(answer, dict):
-        if isinstance(answer.get(BROKEN), str):
-            return answer[BROKEN]
+        if isinstance(answer.get(key), str):
+            return answer[key]
         answer = list(answer.values())
     if isinstance(answer, (list, tuple)):
         for part in answer:
-            why = broken(part)
+            why = broken(part, key)
             if why:
                 return why
     return None

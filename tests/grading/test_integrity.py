@@ -213,6 +213,10 @@ def test_code_behind_the_text_is_flagged(source, flag):
      "reaches beneath the instruments (torch.distributed.group.WORLD._get_backend)"),
     ("import threading\nthreading.Thread(target=print).start()",
      "runs code in another thread (threading.Thread)"),
+    ("import importlib\nddp = importlib.import_module('course_lib.ddp.bucketed').DDP",
+     "imports a module named by a string (importlib.import_module)"),
+    ("import sys\nring = sys.modules['course_lib.collectives.ring']",
+     "reaches a module through sys.modules"),
 ])
 def test_code_beneath_the_instruments_is_flagged(source, flag):
     """Door 4: what reaches the counters a check reads from the student's side."""

@@ -92,3 +92,33 @@ def test_lab07_s_log_of_posts_and_waits_is_sealed():
                   backend="gloo", timeout=60)
     assert all("course_lib.comm.isend was replaced" in traffic[wire.BROKEN]
                for _, traffic, _, _ in reports), reports[0][1]
+
+
+def shift_by_all_gather(x):
+    """Every rank's tensor by torch's all-gather, the left one kept, and one token
+    message each way for the counts: a ring shift that is not one."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x)
+    comm.exchange(sends=[(x[:1].clone(), (rank + 1) % world)],
+                  recvs=[(torch.empty(1), (rank - 1) % world)])
+    return gathered[(rank - 1) % world]
+
+
+def test_a_collective_is_seen_where_the_exercise_is_point_to_point_only():
+    def job(fn, p2p_only):
+        with wire.counting(p2p_only=p2p_only) as traffic:
+            fn(torch.ones(3))
+        return traffic.as_dict()
+
+    strict = run(job, shift_by_all_gather, True, nproc=2, backend="gloo", timeout=60)
+    assert all(report[wire.NOT_P2P] == "allgather" for report in strict)
+    assert all(wire.NOT_P2P not in r for r in run(job, shift_by_all_gather, False, nproc=2,
+                                                  backend="gloo", timeout=60))
+
+
+@pytest.mark.notebook
+def test_the_check_fails_a_shift_made_of_a_collective(sandbox):
+    with pytest.raises(checks.CheckFailed, match="built from point-to-point messages only .* "
+                                                 "collective\\(s\\) allgather"):
+        judged(sandbox, lab00.check_ring_shift, shift_by_all_gather, world_sizes=(2,))

@@ -1,9 +1,10 @@
 """Checks of Lab 00's exercises (ping-pong, token ring, ring shift).
 
 Each runs the student's function under torchrun at world sizes 2 and 3 inside
-``wire.counting()`` (the traffic as the process group saw it), and grades both the values and the messages: how many,
-how large, to whom. The jobs below run on the student's ranks and only report;
-the checks compare, with references of their own. Predictions 0.1 and 0.2:
+``wire.counting()`` (the traffic as the process group saw it; no collective may be
+called), and grades both the values and the messages: how many, how large, to whom.
+The jobs below run on the student's ranks and only report; the checks compare, with
+references of their own. Predictions 0.1 and 0.2:
 :mod:`.predictions`.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from course_lib.grading.requests import on_ranks
 # ---- on the student's ranks ------------------------------------------------------------------
 def counted(fn, *args):
     """``fn(*args)`` and this rank's traffic while it ran."""
-    with wire.counting() as stats:
+    with wire.counting(p2p_only=True) as stats:
         out = fn(*args)
     return out, stats.as_dict()
 

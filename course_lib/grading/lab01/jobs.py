@@ -30,7 +30,7 @@ def all_reduce_job(fn, cases):
     out = []
     for inputs, op in cases:
         got = inputs[rank].clone()
-        with wire.counting() as stats:
+        with wire.counting(p2p_only=True) as stats:
             fn(got, op)
         out.append((got, stats.as_dict()))
     return out
@@ -44,7 +44,7 @@ def reduce_scatter_job(fn, cases):
     for inputs, op, numel, fill in cases:
         inp = inputs[rank].clone()
         got = _output(numel, inp, fill)
-        with wire.counting() as stats:
+        with wire.counting(p2p_only=True) as stats:
             fn(got, inp, op)
         out.append((got, stats.as_dict()))
     return out
@@ -57,7 +57,7 @@ def all_gather_job(fn, cases):
     for inputs, fill in cases:
         inp = inputs[rank].clone()
         got = _output(world * inp.numel(), inp, fill)
-        with wire.counting() as stats:
+        with wire.counting(p2p_only=True) as stats:
             fn(got, inp)
         out.append((got, stats.as_dict()))
     return out
@@ -70,7 +70,7 @@ def broadcast_job(fn, cases):
     out = []
     for inputs, src, segments in cases:
         got = inputs[rank].clone()
-        with wire.counting() as stats, message_order() as events:
+        with wire.counting(p2p_only=True) as stats, message_order() as events:
             fn(got, src, segments)
         out.append((got, stats.as_dict(), list(events)))
     return out

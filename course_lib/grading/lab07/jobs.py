@@ -82,7 +82,7 @@ def all_to_all_job(fn, use_pair, cases_by_size):
         recv = [row[rank] for row in sends]
         shape = (sum(recv),) + ((width,) if width else ())
         output = torch.full(shape, -1, dtype=dtype)
-        with wire.counting() as stats:
+        with wire.counting(p2p_only=True) as stats:
             fn(output, inp, recv, list(sends[rank]), group)
         out.append((output, stats.as_dict()))
     return out
@@ -95,7 +95,7 @@ def ring_forward_job(fn, use_pair):
     n, r = dist.get_world_size(group), dist.get_rank(group)
     q, k, v = (z.chunk(n, dim=-2)[r].contiguous() for z in references.ring_qkv(n))
     events = []
-    with wire.counting() as stats, FlopCounterMode(display=False) as flops, \
+    with wire.counting(p2p_only=True) as stats, FlopCounterMode(display=False) as flops, \
             _posts_and_waits(events), _Timeline(events), \
             wire.watch(stats, comm, ("exchange_async", "isend", "irecv")):
         got = fn(q, k, v, group)
