@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.ddp import DDP
-from course_lib.grading import checks, salt
+from course_lib.grading import checks, salt, wire
 from course_lib.grading.requests import call_each, here, on_ranks
 from course_lib.memory.estimate import OLMO, model_state_bytes
 from course_lib.models import GPT, GPTConfig, deep_mlp
@@ -40,14 +40,17 @@ def zero1_job(step_fn):
     opt = torch.optim.AdamW([shard], lr=1e-2, weight_decay=0.1)
     x, y = _zero1_batch(world)
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
+    talked = []  # per step: the collectives and messages of the student's step alone
     for _ in range(STEPS):
         for p in params:
             p.grad = None
         F.mse_loss(model(x[mine]), y[mine]).backward()
-        step_fn(params, shard, opt)
+        with wire.counting() as traffic:
+            step_fn(params, shard, opt)
+        talked.append(sum(traffic.collective_calls.values()) + traffic.sent_messages)
     state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.numel() > 1)
-    return [p.detach().clone() for p in params], state, size
+    return [p.detach().clone() for p in params], state, size, talked
 
 
 def _zero1_batch(world):
@@ -173,7 +176,13 @@ def check_zero1_step(zero1_step, world_sizes=(1, 2, 3)):
             opt.zero_grad()
             F.mse_loss(ref(x), y).backward()
             opt.step()
-        for rank, (params, state, _) in enumerate(outs):
+        for rank, (params, state, _, talked) in enumerate(outs):
+            if n > 1 and not all(talked):
+                raise checks.CheckFailed(
+                    f"{ex}: rank {rank} of world size {n}: a step of yours sent nothing and "
+                    f"called no collective, so no rank can hold the others' updated shards."
+                    f"\nHint: after stepping your shard, all-gather the shards and copy each "
+                    f"parameter's part back.", exercise=ex)
             for i, (got, want) in enumerate(zip(params, ref.parameters())):
                 checks.expect_close(ex, got, want.detach(), rank=rank, world_size=n, rtol=1e-4,
                                     atol=1e-5, what=f"parameter {i} after {STEPS} AdamW steps "

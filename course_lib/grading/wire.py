@@ -34,9 +34,11 @@ NOT_P2P = "collectives_called"  # the key of an answer that used collectives whe
 P2P_FIELDS = ("sent_messages", "sent_bytes", "recv_messages", "recv_bytes")
 # the process group's collectives (a barrier only synchronises: it carries no data)
 COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base",
-               "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter",
-               "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "broadcast",
-               "alltoall", "alltoall_base", "reduce", "gather", "scatter")
+               "allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single",
+               "all_gather_single_coalesced", "reduce_scatter", "_reduce_scatter_base",
+               "reduce_scatter_tensor_coalesced", "reduce_scatter_single",
+               "reduce_scatter_single_coalesced", "broadcast", "alltoall", "alltoall_base",
+               "all_to_all_single", "reduce", "gather", "scatter")
 
 
 def _classes():

@@ -215,6 +215,13 @@ def accumulate_no_sync_around_backward_only(model, opt, x, y, micro_batches):
     opt.step()
 
 
+def accumulate_whole_batch(model, opt, x, y, micro_batches):
+    """No micro-batches: one step on the whole batch gives the same gradient."""
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+
+
 def test_accumulation_check_passes_the_solution(capsys):
     lab02.check_accumulation(accumulate_right, world_sizes=(1, 3), micro_batches=(2, 4))
     assert "✓ Exercise 2.4 passed" in capsys.readouterr().out
@@ -223,6 +230,7 @@ def test_accumulation_check_passes_the_solution(capsys):
 @pytest.mark.parametrize("wrong,fragment", [
     (accumulate_sum_of_means, r"are 2.00x the expected ones"),
     (accumulate_no_sync_around_backward_only, "all-reduced the gradients 2 times"),
+    (accumulate_whole_batch, r"one step ran the model 1 time\(s\)"),
 ])
 def test_accumulation_check_names_the_mistake(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=fragment):

@@ -105,6 +105,13 @@ def check_accumulation(train_step, world_sizes=(1, 2, 3), micro_batches=(2, 4)):
                 if out["per_step"][0] > 1:
                     raise checks.CheckFailed(
                         messages.no_sync_problem(ex, rank, n, k, out["per_step"][0]))
+                if len(out["forwards"][0]) != k:
+                    raise checks.CheckFailed(
+                        f"{ex}: rank {rank} of world size {n}, {k} micro-batches: one step "
+                        f"ran the model {len(out['forwards'][0])} time(s), on "
+                        f"{out['forwards'][0]} rows.\nHint: accumulation runs a forward and "
+                        f"a backward per micro-batch (k of them, each on 1/k of the rows), "
+                        f"and steps once.", exercise=ex)
             grade_training(ex, outs, n, messages.accumulation_hint(k))
     return (f"world sizes {list(world_sizes)}, {list(micro_batches)} micro-batches, one "
             f"all-reduce per step, equal to one process on the whole batch")

@@ -92,18 +92,22 @@ def accumulate(train_step, micro_batches):
     rank, world = dist.get_rank(), dist.get_world_size()
     launches = []
     ddp = _counting_ddp(model("mlp", seed=0 if rank == 0 else 1000 + rank), launches)
+    rows = []  # the rows of each forward pass: micro-batching shows here, not in the values
+    ddp.module.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     x, y = data(world)
     mine = shard(rank)
-    first_grads, per_step = None, []
+    first_grads, per_step, forwards = None, [], []
     for _ in range(STEPS):
-        before = len(launches)
+        before, seen = len(launches), len(rows)
         train_step(ddp, opt, x[mine], y[mine], micro_batches)
         per_step.append(len(launches) - before)
+        forwards.append(rows[seen:])
         if first_grads is None:
             first_grads = [p.grad.clone() for p in ddp.parameters()]
     return dict(params=[p.detach() for p in ddp.module.parameters()], first_grads=first_grads,
-                grads=[p.grad.clone() for p in ddp.module.parameters()], per_step=per_step)
+                grads=[p.grad.clone() for p in ddp.module.parameters()], per_step=per_step,
+                forwards=forwards)
 
 
 def run_hook(hook, numel):
