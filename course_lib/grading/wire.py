@@ -62,6 +62,7 @@ class Traffic:
         self.sent, self.received = Counter(), Counter()  # peer -> bytes
         self.sent_messages = self.recv_messages = 0
         self.collective_calls = Counter()  # the process group's method -> calls
+        self.last_received = None  # the tensors of the last receive: what really arrived
         self.p2p_only = p2p_only
         self.broken = []
 
@@ -72,11 +73,14 @@ class Traffic:
         else:
             self.recv_messages += 1
             self.received[peer] += _nbytes(tensors)
+            self.last_received = tensors
 
     def wire(self):
+        last = [t.detach().clone() for t in self.last_received or ()]
         return {"sent_messages": self.sent_messages, "sent_bytes": sum(self.sent.values()),
                 "recv_messages": self.recv_messages, "recv_bytes": sum(self.received.values()),
-                "sent_to": dict(self.sent), "recv_from": dict(self.received)}
+                "sent_to": dict(self.sent), "recv_from": dict(self.received),
+                "last_received": last[0] if len(last) == 1 else None}
 
     def as_dict(self):
         """``comm``'s report with the wire's point-to-point counts, and :data:`BROKEN`

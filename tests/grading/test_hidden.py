@@ -197,3 +197,24 @@ def test_lab00_s_solutions_pass_their_hidden_settings_and_a_made_up_token_does_n
     assert "passed" in judged(sandbox, lab00.check_token_ring, token_ring_from_its_own_token)
     with pytest.raises(checks.CheckFailed, match="drew for this submission"):
         judged(sandbox, lab00.check_token_ring, token_ring_from_its_own_token, seed=2)
+
+
+def ping_pong_echoing_zeros(payload, iters):
+    """Rank 1 sends zeros back and rank 0 returns its own payload: the counts are right."""
+    rank, times = dist.get_rank(), []
+    buf = payload.clone()
+    for _ in range(iters):
+        if rank == 0:
+            comm.send(buf, 1)
+            comm.recv(torch.empty_like(buf), 1)
+            times.append(1e-4)
+        elif rank == 1:
+            comm.recv(buf, 0)
+            comm.send(torch.zeros_like(buf), 0)
+    return payload.clone(), times
+
+
+@pytest.mark.notebook
+def test_an_echo_is_what_rank_0_received_not_what_it_returns(sandbox):
+    with pytest.raises(checks.CheckFailed, match="the last message rank 0 received"):
+        judged(sandbox, lab00.check_ping_pong, ping_pong_echoing_zeros, world_sizes=(2,))

@@ -73,6 +73,10 @@ def check_ping_pong(ping_pong, world_sizes=(2, 3), iters=3, numel=1001, seed=0):
                 checks.expect_close(ex, echo, payload, rank=0, world_size=n,
                                     what="the echoed payload",
                                     hint="rank 1 must send back exactly what it received")
+                # what arrived, as the process group saw it: the echo is rank 1's message
+                checks.expect_close(ex, stats["last_received"], payload, rank=0, world_size=n,
+                                    what="the last message rank 0 received (from rank 1)",
+                                    hint="rank 1 must send back exactly what it received")
                 _check_round_trip_times(ex, times, iters, n)
     return f"world sizes {list(world_sizes)}, {iters} round trips of {nbytes} B"
 
