@@ -47,6 +47,7 @@ from pathlib import Path
 import nbformat
 
 from course_lib.grading import integrity
+from course_lib.grading.hidden import SECRET_FILE, class_secret
 from course_lib.grading.book import DETAILS, FIXED, Book, Progress, exercise_key, merge  # noqa: F401
 from course_lib.grading.judge import judge_notebook
 from course_lib.grading.requests import SEAL_BROKEN
@@ -76,30 +77,6 @@ class Settings:
     full: bool = False  # every cell, not only what the checks need
     sandboxed: bool | None = None  # None: the sandbox wherever it can start
     secret: str | None = None  # draws each student's hidden settings; None: none drawn
-
-
-SECRET_FILE = "hidden-settings.key"
-
-
-def class_secret(path):
-    """The secret behind the hidden settings: ``COURSE_LIB_GRADING_SECRET``, else the
-    file ``path`` (made, readable by its owner only, the first time)."""
-    if os.environ.get("COURSE_LIB_GRADING_SECRET"):
-        return os.environ["COURSE_LIB_GRADING_SECRET"]
-    path = Path(path)
-    if not path.exists():  # written whole, then linked: slices starting together agree
-        path.parent.mkdir(parents=True, exist_ok=True)
-        draft = path.with_name(f".{path.name}.{os.urandom(6).hex()}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(os.urandom(16).hex() + "\n")
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(draft)
-    return path.read_text().strip()
 
 
 def grade_notebook(student, path, name, nb, lab, settings):

@@ -28,16 +28,14 @@ collector answers again), and a collector that dies ends the notebook's run.
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
-import random
-import re
 import time
 from dataclasses import dataclass, field
 
 from nbformat.v4 import new_output
 
-from course_lib.grading import checks, ids, salt
+from course_lib.grading import checks, salt
+from course_lib.grading import hidden as hidden_settings
 from course_lib.grading.requests import (Student, here, inspect_students, interpret,
                                          not_implemented)
 from course_lib.grading.sandbox import Sandbox, SandboxError
@@ -104,29 +102,6 @@ def cells_to_run(nb, lab, checks_by_id, full):
                 or ident not in lab.cell_ids:
             chosen.append(index)
     return chosen
-
-
-def hidden_seed(secret, student, exercise):
-    """The seed of ``exercise``'s hidden settings for ``student``: the class's secret
-    (held by the instructor, never in the sandbox) decides it, so a student cannot work
-    it out, and regrading the class draws the same settings."""
-    text = f"{secret}\0{student}\0{ids.normalize(exercise)}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-
-
-_NUMBER = re.compile(r"\d[\d,_]*(\.\d+)?(e[+-]?\d+)?")
-_LONG_NUMBER = re.compile(r"\d[\d,_]*\d(\.\d+)?(e[+-]?\d+)?|\d\.\d+(e[+-]?\d+)?")
-
-
-def hidden_failure(exercise, exc):
-    """What a failure on the hidden settings says: what went wrong, with the setting's
-    numbers masked (every number of the first line, those of two digits or more after
-    it), so that feedback never shows the drawn values."""
-    first, _, rest = str(exc).partition("\n")
-    first = _NUMBER.sub("#", first.removeprefix(f"{exercise}: "))
-    rest = _LONG_NUMBER.sub("#", rest)
-    return (f"{exercise}: the settings shown in the notebook passed, but settings the grader "
-            f"drew for this submission (not shown) did not: {first}" + (f"\n{rest}" if rest else ""))
 
 
 class _Run:
@@ -203,7 +178,7 @@ class _Run:
         def ask(message, timeout):
             return self.ask(message, timeout, index)
 
-        seed = hidden_seed(*self.hidden, fn.exercise) if self.hidden else None
+        seed = hidden_settings.seed(*self.hidden, fn.exercise) if self.hidden else None
         return judge_check(fn, names, options, ask, self.source, index,
                            here_timeout=self.cell_timeout, seed=seed)
 
@@ -220,7 +195,7 @@ def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=
     :class:`~course_lib.grading.source.Source`) is the student's code, read for stubs and
     course_lib's implementations in the cells before ``before``. With ``seed``, a check
     that draws hidden settings (``fn.hidden``) runs on them too, after the visible ones
-    pass; its failure there is told without the drawn numbers (:func:`hidden_failure`)."""
+    pass; its failure there is told without the drawn numbers (:mod:`.hidden`)."""
     exercise = fn.exercise
     found = []
     if source is not None:
@@ -256,16 +231,7 @@ def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=
 
     detail = checks.drive(fn.steps(*(Student(n) for n in names), **options), answer)
     if seed is not None and fn.hidden is not None:
-        drawn = fn.hidden(random.Random(seed))
-        if salt.KEY in drawn:
-            drawn = {**salt.one_world(fn.steps, options), **drawn}
-        salted = salt.salted(drawn.pop(salt.KEY, 0))  # torch's seeds, here and where it runs
-        try:
-            with salted:
-                checks.drive(fn.steps(*(Student(n) for n in names), **{**options, **drawn}),
-                             answer)
-        except checks.CheckFailed as exc:
-            raise checks.CheckFailed(hidden_failure(exercise, exc), exercise=exercise) from None
+        hidden_settings.drive(fn, [Student(n) for n in names], options, seed, answer)
         detail = (detail + "; " if detail else "") + "and on settings drawn for this submission"
     return f"{checks.PASS_MARK} {exercise} passed" + (f" ({detail})" if detail else "")
 
@@ -296,7 +262,7 @@ def judge_notebook(nb, lab, checks_by_id, workdir, *, full=False, timeout=900.0,
     """Run ``nb`` (prepared: ``checks_by_id`` maps its restored check cells' ids to
     exercises) against ``lab``; returns a :class:`Judged`. Never raises for what the
     notebook does. ``hidden`` = (the class's secret, the student) also runs each check
-    on settings drawn for that student (:func:`hidden_seed`)."""
+    on settings drawn for that student (:mod:`.hidden`)."""
     started = time.monotonic()
     judged = Judged(nb)
     try:

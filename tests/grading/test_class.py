@@ -216,9 +216,12 @@ def test_wrong_answers_fail_their_checks_hidden_tests_included(graded_class):
     status, message = result(graded_class, "wrong", "Exercise 0.3")
     assert status == "fail" and message.startswith("Exercise 0.3: rank 0 of world size 2")
     assert result(graded_class, "wrong", "Exercise 3.3")[0] == "fail"
-    # passes the visible case on 2 ranks; the hidden one on 3 catches it
+    # passes the visible case on 2 ranks; the lab's hidden test on 3 ranks, or the settings
+    # the gradebook draws for this student (another world size, masked in the message),
+    # catches it
     status, message = result(graded_class, "hidden", "Exercise 0.3")
-    assert status == "fail" and "world size 3" in message
+    assert status == "fail" and ("world size 3" in message
+                                 or "drew for this submission (not shown)" in message), message
     status, message = result(graded_class, "stub", "Exercise 0.3")
     assert status == "fail" and "not implemented yet" in message
 

@@ -13,8 +13,9 @@ from conftest import judged, ship_by_value
 from mini_lab import TOKEN_RING
 from course_lib import comm
 from course_lib.grading import checks, lab00, lab01, lab03
-from course_lib.grading.gradebook import class_secret
-from course_lib.grading.judge import hidden_failure, hidden_seed
+from course_lib.grading.hidden import class_secret
+from course_lib.grading.hidden import failure as hidden_failure
+from course_lib.grading.hidden import seed as hidden_seed
 from test_predictions import PREDICTIONS
 
 ship_by_value(__name__)

@@ -17,19 +17,15 @@ import torch
 import torch.distributed as dist
 
 from course_lib.grading import checks
+from course_lib.grading.lab06.cases import (LAUNCHED, PARAM_CASES, SHAPES, drawn_param_cases,
+                                            drawn_plans, drawn_shapes, plan_cases)
 from course_lib.grading.lab06.predictions import (check_p2p_bytes_prediction,
                                                   check_state_bytes_prediction)
 from course_lib.grading.lab06.three_d import check_three_d
 from course_lib.grading.requests import call_each, here, on_ranks
 from course_lib.mesh import DIMS, ParallelDims
-from course_lib.models import GPTConfig
 
 EX_COORDS, EX_PARAMS, EX_PLAN = (f"Exercise 6.{i}" for i in range(1, 4))
-
-# (pp, dp, tp): every dim alone, pairs, odd sizes, and a 3-D grid
-SHAPES = [(1, 1, 1), (1, 4, 1), (1, 1, 4), (4, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 1),
-          (1, 3, 2), (3, 2, 1), (2, 3, 1), (2, 2, 2), (3, 1, 3), (2, 3, 2)]
-LAUNCHED = [(1, 2, 2), (2, 2, 1), (2, 1, 2)]  # on 4 ranks
 
 
 # ---- on the student's side ----------------------------------------------------------------
@@ -90,17 +86,7 @@ def _expect(ex, answer, want, what):
                                  f"{_layout_hint()}.", exercise=ex)
 
 
-def _drawn_shapes(rng):
-    """The gradebook's hidden (pp, dp, tp): grids the notebook does not show."""
-    shapes = []
-    while len(shapes) < 3:
-        shape = tuple(rng.randint(1, 4) for _ in range(3))
-        if shape not in SHAPES and shape not in shapes and shape[0] * shape[1] * shape[2] <= 32:
-            shapes.append(shape)
-    return {"shapes": tuple(shapes)}
-
-
-@checks.check(EX_COORDS, hidden=_drawn_shapes)
+@checks.check(EX_COORDS, hidden=drawn_shapes)
 def check_mesh_groups(coords_of, group_ranks, build_groups, shapes=tuple(SHAPES)):
     ex = EX_COORDS
     ranks = [(shape, rank) for shape in shapes for rank in range(shape[0] * shape[1] * shape[2])]
@@ -142,17 +128,6 @@ def check_mesh_groups(coords_of, group_ranks, build_groups, shapes=tuple(SHAPES)
 
 
 # ---- 6.2: parameters per rank ----------------------------------------------------------
-PARAM_CASES = [  # (strategy, cfg, dp, inner): sizes that split evenly, and ones that do not
-    ("dp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
-    ("dp_tp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
-    ("dp_tp", GPTConfig(vocab=50, dim=24, layers=3, heads=6, seq_len=8), 1, 3),
-    ("dp_pp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
-    ("dp_pp", GPTConfig(vocab=50, dim=24, layers=5, heads=6, seq_len=8), 1, 3),
-    ("dp_pp", GPTConfig(vocab=500, dim=16, layers=4, heads=4, seq_len=8), 2, 2),
-    ("dp_fsdp", GPTConfig(vocab=65, dim=32, layers=2, heads=4, seq_len=16), 2, 2),
-    ("dp_fsdp", GPTConfig(vocab=50, dim=24, layers=3, heads=6, seq_len=8), 1, 3),
-    ("dp_fsdp", GPTConfig(vocab=7, dim=4, layers=1, heads=2, seq_len=3), 2, 5),
-]
 PARAM_HINTS = {
     "dp": "every rank holds the whole model",
     "dp_tp": "a block's matrices (q/k/v, projection, both MLP layers) and the column layers' "
@@ -166,21 +141,7 @@ PARAM_HINTS = {
 }
 
 
-def _drawn_param_cases(rng):
-    """The gradebook's hidden cases: a model and a split of each strategy, drawn."""
-    cases = []
-    for name in PARAM_HINTS:
-        heads = rng.choice((1, 2, 4, 6))
-        cfg = GPTConfig(vocab=rng.randint(5, 600), dim=heads * rng.randint(2, 8),
-                        layers=rng.randint(1, 5), heads=heads, seq_len=rng.randint(2, 32))
-        inner = {"dp": rng.randint(1, 4), "dp_fsdp": rng.randint(1, 7),
-                 "dp_tp": rng.choice([t for t in range(1, heads + 1) if heads % t == 0]),
-                 "dp_pp": rng.randint(1, cfg.layers)}[name]
-        cases.append((name, cfg, rng.randint(1, 3), inner))
-    return {"cases": tuple(cases)}
-
-
-@checks.check(EX_PARAMS, hidden=_drawn_param_cases)
+@checks.check(EX_PARAMS, hidden=drawn_param_cases)
 def check_params_per_rank(params_per_rank, cases=tuple(PARAM_CASES)):
     from course_lib.hybrid.table import params_per_rank as expected
 
@@ -199,24 +160,6 @@ def check_params_per_rank(params_per_rank, cases=tuple(PARAM_CASES)):
 
 
 # ---- 6.3: choosing a mesh for a real run ------------------------------------------------
-def plan_cases():
-    """(model, GPUs, workload, gpu): the lecture's models at the sizes of the plan
-    table, counts that are not powers of two, recompute with ZeRO-3, a batch that
-    rules meshes out, and a model that fits on no mesh that can run."""
-    from course_lib.hybrid import plan
-    from course_lib.memory.estimate import OLMO
-
-    work = plan.Workload()
-    return [("OLMo 1B", 8, work, plan.A100_40GB), ("OLMo 1B", 12, work, plan.H100_80GB),
-            ("OLMo 7B", 32, work, plan.H100_80GB), ("OLMo 7B", 32, work, plan.A100_40GB),
-            ("OLMo 7B", 24, plan.Workload(global_batch=96, micro_batch=2), plan.H100_80GB),
-            ("OLMo 70B", 256, work, plan.H100_80GB), ("OLMo 70B", 256, work, plan.A100_40GB),
-            ("OLMo 70B", 64, plan.Workload(checkpointing=True, zero=3), plan.H100_80GB),
-            # nothing fits: only a tp of 8, across two nodes, would (which cannot run)
-            ("OLMo 70B", 64, work, plan.A100_40GB),
-            ("OLMo 70B", 8, work, plan.A100_40GB)], OLMO
-
-
 class _Shown:
     """What the student's function returned, where it was not plain data: its repr."""
 
@@ -238,19 +181,7 @@ def _mesh_of(got):
     return None
 
 
-def _drawn_plans(rng):
-    """The gradebook's hidden runs: other models, GPU counts, GPUs and workloads."""
-    from course_lib.hybrid import plan
-    from course_lib.memory.estimate import OLMO
-
-    works = [plan.Workload(), plan.Workload(checkpointing=True, zero=3),
-             plan.Workload(global_batch=96, micro_batch=2)]
-    return {"cases": tuple((rng.choice(sorted(OLMO)), rng.choice((8, 16, 24, 32, 48, 64, 128)),
-                            rng.choice(works), rng.choice((plan.A100_40GB, plan.H100_80GB)))
-                           for _ in range(3))}
-
-
-@checks.check(EX_PLAN, hidden=_drawn_plans)
+@checks.check(EX_PLAN, hidden=drawn_plans)
 def check_choose_mesh(choose_mesh, cases=None):
     from course_lib.hybrid import plan
 
