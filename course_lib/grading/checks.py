@@ -223,8 +223,7 @@ def reference_ranks(fn, *args, nproc, timeout=120.0, **kwargs):
     from course_lib.grading import salt
     from course_lib.runtime.launcher import run
 
-    if salt.current():  # a hidden run: the reference's seeds are mixed as the student's are
-        fn = functools.partial(salt._under, salt.current(), fn)
+    fn = salt.carry(fn)  # a hidden run: the reference's seeds are mixed as the student's are
     key = cloudpickle.dumps((fn, args, kwargs, nproc))
     with _references_lock:
         if key not in _references_cache:

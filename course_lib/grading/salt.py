@@ -104,11 +104,15 @@ def _under(salt, fn, *args, **kwargs):
         state["salt"] = before
 
 
+def carry(fn):
+    """``fn`` holding the current salt wherever it runs (itself without one)."""
+    salt = current()
+    return functools.partial(_under, salt, fn) if salt else fn
+
+
 def carried(request):
     """``request`` with the current salt carried to where it runs (itself without one)."""
-    salt = current()
-    if not salt:
-        return request
     from dataclasses import replace
 
-    return replace(request, harness=functools.partial(_under, salt, request.harness))
+    harness = carry(request.harness)
+    return request if harness is request.harness else replace(request, harness=harness)

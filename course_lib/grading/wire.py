@@ -128,19 +128,16 @@ def counting(p2p_only=False):
     with comm.counting() as stats:
         traffic = Traffic(stats, p2p_only)
         placed = []
+        wrappers = {"send": lambda m: _wrapped(m, traffic, True),
+                    "recv": lambda m: _wrapped(m, traffic, False),
+                    "recv_anysource": lambda m: _wrapped(m, traffic, False, anysource=True),
+                    **{name: (lambda m, n=name.strip("_"): _collective(m, traffic, n))
+                       for name in COLLECTIVES}}
         for cls in _classes():
-            for name, sending, anysource in (("send", True, False), ("recv", False, False),
-                                             ("recv_anysource", False, True)):
-                method = cls.__dict__.get(name)
-                if method is None:
-                    continue
-                wrapper = _wrapped(method, traffic, sending, anysource)
-                setattr(cls, name, wrapper)
-                placed.append((cls, name, method, wrapper))
-            for name in COLLECTIVES:
+            for name, wrap in wrappers.items():
                 method = cls.__dict__.get(name)
                 if method is not None:
-                    wrapper = _collective(method, traffic, name.strip("_"))
+                    wrapper = wrap(method)
                     setattr(cls, name, wrapper)
                     placed.append((cls, name, method, wrapper))
         try:
