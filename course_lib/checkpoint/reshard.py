@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checkpoint.boxes import ShardedTensor
+from course_lib.checkpoint.dcp_reference import dcp_boxes, dense_state, empty_like_state, save_dense
 from course_lib.checkpoint.load import load
 from course_lib.checkpoint.save import save
 from course_lib.checkpoint.state import ensure_optimizer_state, restore, state_of
@@ -68,8 +69,6 @@ def train_and_save(root, steps=2, after=2, with_dcp=True):
     """Train ``steps`` AdamW steps under FSDP, save ours to ``root/ours`` (and the same
     state through DCP to ``root/dcp``), then ``after`` more steps. Returns {"bytes": what
     this rank wrote, "losses": the ``after`` losses that followed the save}."""
-    from course_lib.checkpoint.dcp_reference import dense_state, save_dense
-
     cfg = config()
     model, optimizer = build("fsdp", cfg)
     batches = _batches(cfg, steps + after)
@@ -119,8 +118,6 @@ def loaded_boxes(root, layout="tp", load_fn=load, group=None):
 
 def dcp_boxes_of(root, layout="tp", group=None):
     """The same boxes as :func:`loaded_boxes`, filled by DCP from ``root/dcp``."""
-    from course_lib.checkpoint.dcp_reference import dcp_boxes, empty_like_state
-
     model, optimizer = build(layout, group=group)
     ensure_optimizer_state(model, optimizer)
     theirs = empty_like_state(state_of(model, optimizer))

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checkpoint.boxes import ShardedTensor
+from course_lib.checkpoint.load import load
+from course_lib.checkpoint.save import latest
 from course_lib.checkpoint.state import ensure_optimizer_state, set_optimizer_step, state_of
 
 
@@ -129,9 +131,6 @@ def resume_latest(root, model, optimizer, cursor, group=None, extra=None,
     losses so far say) is updated with the saved ones. ``capture`` and ``restore`` are
     :func:`training_state` and :func:`restore_training_state` unless given (Lab 08's
     Exercise 8.5 hands its own)."""
-    from course_lib.checkpoint.load import load
-    from course_lib.checkpoint.save import latest
-
     path = latest(root)
     if path is None:
         return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.checkpoint.boxes import ShardedTensor, boxes_of_flat_range
+from course_lib.checkpoint.load import load
 from course_lib.fsdp import FSDP
 from course_lib.tp.layers import ColumnParallelLinear, RowParallelLinear
 
@@ -144,8 +145,6 @@ def set_optimizer_step(state, optimizer):
 def restore(path, model, optimizer=None):
     """Load the checkpoint at ``path`` into ``model`` (and ``optimizer``), whatever
     layout saved it; returns the bytes this rank read."""
-    from course_lib.checkpoint.load import load
-
     ensure_optimizer_state(model, optimizer)
     state = state_of(model, optimizer)
     read = load(state, path)

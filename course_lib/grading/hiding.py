@@ -46,40 +46,18 @@ def _course_hidden(name, item, kind):
 '''
 
 
-# Answers to one item that another item of the same lab is built on (given to the student,
-# or run by that item's check on the student's side): these stay, and the judge's reading
-# of the source is what refuses them for their own item. Each is a place where the lab
-# hands the student a piece or a check still runs library code beside student code.
-BUILT_ON = {
-    "course_lib.ddp.buckets:Bucket": "Exercise 2.3 is given it (2.6 writes it from a blank page)",
-    "course_lib.ddp.bucketed:DDP": "Exercises 2.4 and 2.5 run on the library's DDP",
-    "course_lib.ddp.naive:_DataParallel": "the library's DDP (Exercises 2.4, 2.5) derives from it",
-    "course_lib.ddp.buckets:assign_buckets": "the library's DDP (Exercises 2.4, 2.5) buckets with it",
-    "course_lib.fsdp.unit:flatten_and_shard": "Exercises 3.6 and 3.7 run on the library's unit",
-    "course_lib.fsdp.unit:GatherShards": "Exercise 3.7 runs on the library's unit",
-    "course_lib.fsdp.unit:free_between_passes": "Exercise 3.8 runs on the library's unit",
-    "course_lib.pipeline.schedules:gpipe": "Exercise 4.3's check runs a GPipe schedule",
-    "course_lib.pipeline.partition:partition": "Exercise 4.3's check partitions the model",
-    "course_lib.pipeline.schedules:one_f_one_b": "Exercise 4.5 runs the library's 1F1B",
-    "course_lib.tp.blocks:ParallelAttention": "Exercise 5.4's check builds its heads from it",
-    "course_lib.tp.layers:ColumnParallelLinear": "the library's attention (5.4) is built on it",
-    "course_lib.tp.layers:RowParallelLinear": "the library's attention (5.4) is built on it",
-    "course_lib.tp.layers:column_shard": "the library's layers (5.4) are built on it",
-    "course_lib.tp.operators:CopyToTP": "the library's layers (5.4) are built on it",
-    "course_lib.tp.operators:ReduceFromTP": "the library's layers (5.4) are built on it",
-    "course_lib.tp.operators:copy_to_tp": "the library's layers (5.4) are built on it",
-    "course_lib.tp.operators:reduce_from_tp": "the library's layers (5.4) are built on it",
-    "course_lib.memory.estimate:model_state_bytes": "Exercise 6.3's planner is given it",
-    "course_lib.mesh:ParallelDims": "Exercise 6.4's three-dimensional step is built on it",
-    "course_lib.checkpoint.load:_load_tensor": "Exercise 8.3's check loads the student's save",
-    "course_lib.checkpoint.boxes:boxes_of_flat_range": "Exercises 8.4 and 8.5 cut FSDP shards",
-    "course_lib.checkpoint.boxes:_boxes": "Exercises 8.4 and 8.5 cut FSDP shards",
-    "course_lib.checkpoint.boxes:overlap": "Exercises 8.3-8.5 load through the library",
-    "course_lib.checkpoint.boxes:byte_ranges": "Exercises 8.3-8.5 load through the library",
-    "course_lib.checkpoint.boxes:_lines": "Exercises 8.3-8.5 load through the library",
-    "course_lib.checkpoint.load:fill_box": "Exercise 8.3's check loads the student's save",
-    "course_lib.checkpoint.load:_read": "Exercise 8.3's check loads the student's save",
-    "course_lib.checkpoint.save:save": "Exercises 8.4 and 8.5 save through the library",
+# Answers to one item that the lab hands the student for another item of the same lab.
+# The sandbox hides them like every answer; the requests of the item they are given to
+# run in processes of their own, where the judge puts them back, by value
+# (:func:`course_lib.grading.shipping.given`). Nothing of them is left where the other
+# item's requests run.
+GIVEN = {
+    "Exercise 2.3": ("course_lib.ddp.buckets:Bucket",),  # the frame's flat buffers (2.6's)
+    # plan.fits counts each mesh's model state with Prediction 6.2's formula
+    "Exercise 6.3": ("course_lib.memory.estimate:model_state_bytes", "course_lib.mesh:ParallelDims"),
+    "Exercise 6.4": ("course_lib.mesh:ParallelDims",),  # the mesh of Exercise 6.1
+    # state_of cuts an FSDP shard into the boxes of Exercise 8.1
+    "Exercise 8.5": ("course_lib.checkpoint.boxes:boxes_of_flat_range",),
 }
 
 
@@ -89,8 +67,6 @@ def items_of(exercises):
     found = {}
     for item in exercises:
         for entry in REFERENCES.get(item, ()):
-            if entry in BUILT_ON:
-                continue
             module, _, qualname = entry.partition(":")
             found.setdefault(module, {}).setdefault(qualname.split(".")[0], item)
     return found

@@ -46,7 +46,7 @@ import cloudpickle
 import psutil
 
 import course_lib.grading
-from course_lib.grading import hiding
+from course_lib.grading import hiding, shipping
 from course_lib.runtime import procs
 from course_lib.submission.collector import HEADER, write_message
 
@@ -152,7 +152,7 @@ class Sandbox:
         """``hide``: the ids of the lab's items, whose library implementations (and
         torch counterparts) the sandbox holds only as stand-ins (:mod:`.hiding`)."""
         self.workdir = Path(workdir).resolve()
-        self._hiding = None
+        self._hiding, self._hide = None, tuple(hide)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.token = uuid.uuid4().hex
         self.sandboxed = sandbox_available() if sandboxed is None else sandboxed
@@ -204,8 +204,11 @@ class Sandbox:
         """Send ``message`` (a dict) and return the collector's reply (a dict), or raise
         :class:`SandboxError` when it does not come within ``timeout`` seconds."""
         try:
-            # cloudpickle: a test hands over functions of its own, by value
-            write_message(self.proc.stdin.fileno(), cloudpickle.dumps(message))
+            # cloudpickle: a test hands over functions of its own, by value; the library's
+            # code that this lab's stand-ins hide travels by value too (.shipping)
+            body = shipping.dumps(message, self._hide) if self._hiding and self._hide \
+                else cloudpickle.dumps(message)
+            write_message(self.proc.stdin.fileno(), body)
         except (BrokenPipeError, OSError):
             raise SandboxError("the submission's process has ended", "died") from None
         return self._reply(time.monotonic() + timeout)

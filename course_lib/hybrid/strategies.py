@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib.hybrid.three_d import dp_tp_pp
 from course_lib.mesh import ParallelDims
 from course_lib.models import GPT, Block, GPTConfig
 from course_lib.pipeline.runs import corpus_batches, gpt_loss
@@ -111,8 +112,6 @@ def build(name, cfg: GPTConfig, dp=2, inner=2, seed=0, lr=LR, microbatches=2,
     """Build strategy ``name`` (a key of :data:`LABELS`) on every rank of a
     ``dp * inner``-rank job, from ``GPT(cfg, seed)``'s weights, with AdamW
     (``tp``: DP x TP x PP's tensor-parallel degree, inner = tp x pp)."""
-    from course_lib.hybrid.three_d import dp_tp_pp
-
     builders = {"dp": _dp, "dp_tp": _dp_tp, "dp_pp": _dp_pp, "dp_fsdp": _dp_fsdp,
                 "dp_tp_pp": dp_tp_pp}
     if name not in builders:

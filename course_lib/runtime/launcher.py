@@ -29,7 +29,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from course_lib.runtime import nccl_rules, warm
+from course_lib.runtime import nccl_rules, pickling, warm
 from course_lib.runtime.backend import resolve_backend
 from course_lib.runtime.failures import (LaunchError, LaunchTimeout, errors_of, failure, gave_up,
                                         timeout_error)
@@ -77,7 +77,7 @@ def run(fn, *args, nproc=2, backend="auto", timeout=120.0, fresh=False, nccl_rul
     _check(nproc, timeout)
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
-    payload = cloudpickle.dumps((fn, args, kwargs))
+    payload = pickling.dumps((fn, args, kwargs))
     if max_restarts:
         return _run_restartable(payload, nproc, backend, timeout, max_restarts, nccl_rules,
                                 lambda: Shipped((fn, args, kwargs)))
@@ -91,7 +91,7 @@ def run_cell(source, namespace=None, *, nproc=2, backend="auto", timeout=120.0, 
     ``namespace`` holds names the cell may use (shipped by value). The cell sees
     ``rank``, ``world_size``, ``local_rank`` and ``device`` as well."""
     _check(nproc, timeout)
-    payload = cloudpickle.dumps((source, dict(namespace or {})))
+    payload = pickling.dumps((source, dict(namespace or {})))
     return _call("cell", payload, nproc, backend, timeout, fresh,
                  lambda: Shipped(list((namespace or {}).values()), cell=source), nccl_rules)
 
@@ -200,7 +200,7 @@ def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
             if task == number:
                 done.add(rank)
                 if kind == "retire":  # the call ended the default group: no more calls
-                    serving.last_used = float("-inf")
+                    serving.retired = True
             return len(done) == nproc
 
         outcome = job.pump(started + timeout, on_marker)

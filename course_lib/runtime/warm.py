@@ -61,6 +61,7 @@ class ServingJob:
         self.job = Job(nproc, backend, spec, {"COURSE_LIB_STORE_PORT": str(self.store.port)})
         self.calls = 0
         self.last_used = time.monotonic()
+        self.retired = False  # a call ended the default group: the ranks serve no more
 
     @property
     def dir(self):
@@ -117,10 +118,11 @@ def acquire(nproc, backend, timeout, fresh=False, rules=False):
 
 
 def release(job):
-    """A call finished cleanly: keep the job warm (or end it when warm ranks are off)."""
+    """A call finished cleanly: keep the job warm (or end it when warm ranks are off, or
+    when the call ended the default group and the ranks serve no more)."""
     with _lock:
         job.last_used = time.monotonic()
-        if not enabled():
+        if not enabled() or job.retired:
             discard(job)
         elif _jobs.get(job.key) is job:
             _arm_timer(job)

@@ -50,6 +50,32 @@ def test_kwargs_and_collective_inside():
 
 
 @pytest.mark.slow
+class Tripled(torch.autograd.Function):
+    """A notebook's autograd Function with torch's @once_differentiable on its backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return grad * 3 * (dist.get_rank() + 1)
+
+
+def tripled_gradient():
+    x = torch.ones(2, requires_grad=True)
+    Tripled.apply(x).sum().backward()
+    return x.grad.tolist()
+
+
+def test_an_autograd_function_with_a_once_differentiable_backward_reaches_the_ranks():
+    """cloudpickle alone ships the decorator's wrapper as code, with torch's C autograd
+    module by value, and the rank cannot rebuild it (AccumulateGrad has no attribute
+    '_input_metadata')."""
+    assert run(tripled_gradient, nproc=2, timeout=60) == [[3.0, 3.0], [6.0, 6.0]]
+
+
 def test_function_defined_in_a_real_main_module(tmp_path):
     """What a notebook does: a function in __main__ using a __main__ global."""
     script = tmp_path / "nb.py"

@@ -86,6 +86,22 @@ def test_a_call_after_a_failure_uses_a_fresh_job():
     assert set(before).isdisjoint(after)
 
 
+def ends_its_group():
+    pid = os.getpid()
+    dist.destroy_process_group()
+    return pid
+
+
+def test_a_call_that_ends_the_default_group_retires_its_ranks():
+    """A call may end the job's default group (as torch's tutorials end their scripts);
+    the ranks then serve no more, and the very next call starts a new job at once."""
+    before = pids()
+    ended = run(ends_its_group, nproc=2, timeout=60)
+    assert ended == before
+    after = pids()
+    assert set(after).isdisjoint(ended) and pids() == after
+
+
 def wait_for_nobody():
     dist.recv(torch.zeros(1), (dist.get_rank() + 1) % dist.get_world_size())
 

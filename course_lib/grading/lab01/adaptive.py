@@ -1,7 +1,7 @@
 """Exercise 1.6, from a blank page: an all-reduce that picks the star or the ring by size.
 
 The student writes ``choose_all_reduce(n_bytes, k, alpha, bandwidth)`` (graded on many
-settings, in their process, against :func:`~course_lib.collectives.cost_model.choose_all_reduce`)
+settings, in their process, against :func:`~course_lib.collectives.choose_all_reduce`)
 and ``adaptive_all_reduce(tensor, op, alpha, bandwidth)``, which runs their own star
 (every message of a phase posted at once) or their own ring. That one runs on K = 3 and
 4 gloo ranks with sizes on both sides of the crossover N* = (K-2) K alpha B / (K-1)^2:
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.collectives import cost_model
+from course_lib.collectives.cost_model import choose_all_reduce as formula_choice
+from course_lib.collectives.cost_model import (ring_all_reduce_time, star_all_reduce_time,
+                                              star_ring_crossover)
 from course_lib.grading import checks, salt
 from course_lib.grading.lab01 import jobs, messages, references
 from course_lib.grading.lab01.references import MAX, SUM
@@ -25,13 +27,13 @@ RANK_SIZES = (7, 150, 250, 1001)  # float32: 28, 600, 1000 and 4004 bytes
 CHOICE_CASES = [(n, k, a, b) for (a, b) in ((20e-6, 10e9), (3e-6, 450e9), (1e-3, 1e6))
                 for k in (2, 3, 8, 64)
                 for n in (1, 1024, 1 << 20, 1 << 30)]
-CHOICE_CASES += [(round(cost_model.star_ring_crossover(k, 3e-6, 450e9) * f), k, 3e-6, 450e9)
+CHOICE_CASES += [(round(star_ring_crossover(k, 3e-6, 450e9) * f), k, 3e-6, 450e9)
                  for k in (3, 8) for f in (0.9, 1.1)]
 
 
 def _times(n, k, a, b):
-    return (f"the star takes {cost_model.star_all_reduce_time(n, k, a, b) * 1e6:.4g} us, "
-            f"the ring {cost_model.ring_all_reduce_time(n, k, a, b) * 1e6:.4g} us")
+    return (f"the star takes {star_all_reduce_time(n, k, a, b) * 1e6:.4g} us, "
+            f"the ring {ring_all_reduce_time(n, k, a, b) * 1e6:.4g} us")
 
 
 def _grade_choices(ex, answers):
@@ -40,7 +42,7 @@ def _grade_choices(ex, answers):
         if "raised" in answer:
             raise checks.CheckFailed(f"{ex}: {call} raised {answer['raised']}: "
                                      f"{answer['message']}", exercise=ex)
-        got, want = answer["value"], cost_model.choose_all_reduce(n, k, a, b)
+        got, want = answer["value"], formula_choice(n, k, a, b)
         if got == want:
             continue
         if got not in ("star", "ring"):
@@ -83,7 +85,7 @@ def check_adaptive_all_reduce(choose_all_reduce, adaptive_all_reduce, world_size
                               ALPHA, BANDWIDTH, nproc=k)
         for (numel, dtype, op, _), ins, per_rank in zip(cases, inputs, zip(*outs)):
             nbytes = numel * 4
-            want_algorithm = cost_model.choose_all_reduce(nbytes, k, ALPHA, BANDWIDTH)
+            want_algorithm = formula_choice(nbytes, k, ALPHA, BANDWIDTH)
             want = references.all_reduce_result(ins, op)
             what = "the result for " + messages.describe_case(numel, dtype, op, False, "")
             for rank, (got, stats) in enumerate(per_rank):

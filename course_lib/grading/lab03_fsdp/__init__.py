@@ -22,7 +22,8 @@ from course_lib.grading import checks, salt
 from course_lib.grading.lab03 import answered
 from course_lib.grading.lab03_fsdp.jobs import (UNIT_CFG, UNIT_LR, UNIT_ROWS,  # noqa: F401
                                                 UNIT_STEPS, prefetch_plans, probe_hooks,
-                                                shard_facts, unit_batch, unit_job)
+                                                shard_facts, unit_batch, unit_job,
+                                                unit_optimizer)
 from course_lib.grading.lab03_fsdp.predictions import check_traffic_prediction  # noqa: F401
 from course_lib.grading.requests import here, on_ranks
 from course_lib.models import GPT
@@ -78,7 +79,7 @@ def check_flatten_and_shard(flatten_and_shard, trials=60, seed=4):
 def _unit_reference(world):
     """(first-step gradients by name, state after UNIT_STEPS) of one process, whole batch."""
     model = GPT(UNIT_CFG)
-    opt = torch.optim.AdamW(model.parameters(), lr=UNIT_LR)
+    opt = unit_optimizer(model.parameters())
     x, y = unit_batch(world)
     first = None
     for _ in range(UNIT_STEPS):

@@ -9,10 +9,20 @@ import torch.nn.functional as F
 
 from course_lib.grading import wire
 from course_lib.grading.requests import call_each
-from course_lib.models import GPT, GPTConfig
+from course_lib.fsdp.unit import ShardedUnit, full_state_dict, original_name, shard_model
+from course_lib.models import GPT, Block, GPTConfig
 
 UNIT_CFG = GPTConfig(vocab=37, dim=22, layers=2, heads=2, seq_len=8)  # no unit divides by 2 or 3
 UNIT_ROWS, UNIT_STEPS, UNIT_LR = 2, 2, 1e-2
+
+
+def unit_optimizer(params):
+    """AdamW for the unit's run and its reference. Its first step moves every weight by
+    about lr * g / (|g| + eps): with torch's eps of 1e-8 a gradient that is 0 but for
+    rounding (the reduce-scatter sums in another order than one process) moves its
+    weight by +-lr, whichever way the rounding fell; an eps of 1e-6 keeps such a step at
+    lr * 1e-4 of what a real gradient gets."""
+    return torch.optim.AdamW(params, lr=UNIT_LR, eps=1e-6)
 
 
 def _tensor_fact(value):
@@ -50,9 +60,6 @@ def shard_facts(flatten_and_shard, cases):
 def unit_job(piece, fn):
     """Train the GPT with every block (and the root) a ShardedUnit using the student's
     ``piece`` ("gather": 3.6, no resharding; "hooks": 3.7, full sharding)."""
-    from course_lib.fsdp.unit import ShardedUnit, full_state_dict, original_name, shard_model
-    from course_lib.models import Block
-
     rank, world = dist.get_rank(), dist.get_world_size()
     if piece == "gather":
         model = shard_model(GPT(UNIT_CFG), (Block,), reshard_after_forward=False,
@@ -61,7 +68,7 @@ def unit_job(piece, fn):
         model = shard_model(GPT(UNIT_CFG), (Block,), hooks=fn)
     units = [(name, u) for name, u in model.named_modules() if isinstance(u, ShardedUnit)]
     layout = [[original_name(f"{name}.{p}" if name else p) for p in u.names] for name, u in units]
-    opt = torch.optim.AdamW(model.parameters(), lr=UNIT_LR)
+    opt = unit_optimizer(model.parameters())
     x, y = unit_batch(world)
     mine = slice(rank * UNIT_ROWS, (rank + 1) * UNIT_ROWS)
     first, whole_after_forward = None, []

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from course_lib.grading.lab05.block_references import block_input, dense_block
 from course_lib.grading.lab05.references import (SHAPE, attention_input, dense_mlp, mlp_input,
                                                  seeded, seeded_attention)
+from course_lib.tp import ParallelAttention
 
 
 @contextmanager
@@ -95,8 +96,6 @@ def mlp_job(mlp_class, use_pair):
 def heads_job(shard_qkv, use_pair):
     """The course's parallel attention with the student's slice of q/k/v: its output and
     its input's gradient."""
-    from course_lib.tp import ParallelAttention
-
     group = pair_group() if use_pair else None
     t, r = dist.get_world_size(group), dist.get_rank(group)
     attn = seeded_attention()

@@ -11,7 +11,7 @@ import random
 import torch
 import torch.nn as nn
 
-from course_lib.tp import volume
+from course_lib.tp.volume import grid_volume
 
 LECTURE_X = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 LECTURE_A = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
@@ -151,4 +151,4 @@ def volume_cases(trials, seed=9):
 
 
 def expected_volume(m, k, n, gx, gy, gz):
-    return volume.grid_volume(m, k, n, gx, gy, gz)["total"]
+    return grid_volume(m, k, n, gx, gy, gz)["total"]

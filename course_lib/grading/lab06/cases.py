@@ -3,6 +3,8 @@ shows them, and the gradebook's hidden ones, drawn per student
 (:mod:`course_lib.grading.hidden`)."""
 from __future__ import annotations
 
+from course_lib.hybrid import plan
+from course_lib.memory.estimate import OLMO
 from course_lib.models import GPTConfig
 
 # (pp, dp, tp): every dim alone, pairs, odd sizes, and a 3-D grid
@@ -52,9 +54,6 @@ def plan_cases():
     """(model, GPUs, workload, gpu): the lecture's models at the sizes of the plan
     table, counts that are not powers of two, recompute with ZeRO-3, a batch that
     rules meshes out, and a model that fits on no mesh that can run."""
-    from course_lib.hybrid import plan
-    from course_lib.memory.estimate import OLMO
-
     work = plan.Workload()
     return [("OLMo 1B", 8, work, plan.A100_40GB), ("OLMo 1B", 12, work, plan.H100_80GB),
             ("OLMo 7B", 32, work, plan.H100_80GB), ("OLMo 7B", 32, work, plan.A100_40GB),
@@ -68,9 +67,6 @@ def plan_cases():
 
 def drawn_plans(rng):
     """The gradebook's hidden runs: other models, GPU counts, GPUs and workloads."""
-    from course_lib.hybrid import plan
-    from course_lib.memory.estimate import OLMO
-
     works = [plan.Workload(), plan.Workload(checkpointing=True, zero=3),
              plan.Workload(global_batch=96, micro_batch=2)]
     return {"cases": tuple((rng.choice(sorted(OLMO)), rng.choice((8, 16, 24, 32, 48, 64, 128)),

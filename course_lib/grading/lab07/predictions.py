@@ -7,6 +7,8 @@ formulas on many settings (:mod:`course_lib.grading.predictions`); the lab then 
 the counters and the measured bytes beside them."""
 from __future__ import annotations
 
+from course_lib.cp.memory import activation_bytes
+from course_lib.cp.traffic import layer_bytes_sent
 from course_lib.grading.predictions import prediction_check
 
 FP32 = 4
@@ -19,8 +21,6 @@ TRAFFIC_CASES = [("cp", 1, 4096, 1024, 4, 2), ("tp_sp", 1, 4096, 1024, 4, 2),
 
 
 def traffic(split, b, s, h, n, k):
-    from course_lib.cp.traffic import layer_bytes_sent
-
     return layer_bytes_sent(split, b, s, h, n, top_k=k, element_size=FP32)
 
 
@@ -83,8 +83,6 @@ MEMORY_CASES = [(1, 16384, 1024, 16, 1), (1, 16384, 1024, 16, 2), (1, 16384, 102
 
 
 def activation(b, s, h, heads, cp):
-    from course_lib.cp.memory import activation_bytes
-
     return activation_bytes(b, s, h, heads, cp, element_size=FP32)
 
 

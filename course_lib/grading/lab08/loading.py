@@ -18,6 +18,9 @@ import functools
 
 import torch.distributed as dist
 
+from course_lib.checkpoint import load
+from course_lib.checkpoint.reshard import compare_boxes, dcp_boxes_of, loaded_boxes, train_and_save
+
 from course_lib.grading import checks, salt
 from course_lib.grading.lab08.resume import _remove, _shared_folder
 from course_lib.grading.requests import on_ranks
@@ -31,16 +34,14 @@ __all__ = ["check_resharding_load", "resharding_job"]
 def resharding_job(fill_box):
     """On every rank of the student's job: {layout: {"boxes": {name: [boxes]}, "read":
     bytes fill_box said it read, "wanted": bytes of the boxes}} for its layouts."""
-    from course_lib.checkpoint import load, reshard
-
     root, rank = _shared_folder(), dist.get_rank()
-    reshard.train_and_save(root, after=0, with_dcp=False)
+    train_and_save(root, after=0, with_dcp=False)
     groups = {layout: dist.new_group(list(members)) for layout, members in LAYOUTS}
     student_load = functools.partial(load, fill=fill_box)
     out = {}
     for layout, members in LAYOUTS:
         if rank in members:
-            boxes, read, wanted = reshard.loaded_boxes(root, layout, student_load, groups[layout])
+            boxes, read, wanted = loaded_boxes(root, layout, student_load, groups[layout])
             out[layout] = {"boxes": boxes, "read": read, "wanted": wanted}
     _remove(root)
     return out
@@ -48,12 +49,10 @@ def resharding_job(fill_box):
 
 def dcp_job():
     """On every rank of the judge's job: {layout: {name: [boxes DCP filled]}}."""
-    from course_lib.checkpoint import reshard
-
     root, rank = _shared_folder(), dist.get_rank()
-    reshard.train_and_save(root, after=0)
+    train_and_save(root, after=0)
     groups = {layout: dist.new_group(list(members)) for layout, members in LAYOUTS}
-    out = {layout: reshard.dcp_boxes_of(root, layout, groups[layout])
+    out = {layout: dcp_boxes_of(root, layout, groups[layout])
            for layout, members in LAYOUTS if rank in members}
     _remove(root)
     return out
@@ -72,8 +71,6 @@ def check_resharding_load(fill_box):
             f"overlap at its offsets minus the box's offsets.", exercise=ex)
         failed.stacks = getattr(exc, "stacks", None)
         raise failed from None
-    from course_lib.checkpoint.reshard import compare_boxes
-
     references = checks.reference_ranks(dcp_job, nproc=4, timeout=180)
     for layout, members in LAYOUTS:
         for rank in members:

@@ -24,6 +24,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from course_lib.checkpoint.resumable import one_step, setup
+from course_lib.checkpoint.resume import resume_latest
+from course_lib.checkpoint.save import save
+from course_lib.pipeline.runs import corpus_config
+
 from course_lib.grading import checks, salt
 from course_lib.grading.requests import on_ranks
 
@@ -61,9 +66,6 @@ def _same(a, b):
 
 def _start(seed):
     """The model, optimizer and data cursor of a fresh process, its generator seeded."""
-    from course_lib.checkpoint.resumable import setup
-    from course_lib.pipeline.runs import corpus_config
-
     cfg = corpus_config(layers=1, dim=16, heads=2, seq_len=8)
     torch.manual_seed(seed)
     return cfg, *setup(cfg, batch=2)
@@ -78,8 +80,6 @@ def _snapshot(model, optimizer, cursor):
 
 def reference_job():
     """The judge's: every loss of the uninterrupted run, and the state after SAVED_AT."""
-    from course_lib.checkpoint.resumable import one_step
-
     cfg, model, optimizer, cursor = _start(dist.get_rank())  # dropout masks of its own
     losses = []
     for step in range(STEPS):
@@ -93,9 +93,6 @@ def save_job(training_state):
     """The student's side: SAVED_AT steps, then a save with the student's state. The
     checkpoint goes beside the job's folder (which goes with the job): the resume runs
     in another job."""
-    from course_lib.checkpoint.resumable import one_step
-    from course_lib.checkpoint.save import save
-
     beside = Path(os.environ.get("TMPDIR", tempfile.gettempdir())).parent
     name = [tempfile.mkdtemp(prefix="lab08-resume-", dir=beside) if dist.get_rank() == 0
             else None]
@@ -111,9 +108,6 @@ def save_job(training_state):
 def resume_job(training_state, restore_training_state, root):
     """The student's side, in new processes: resume with the student's functions and run
     to the end; the losses, the step returned, and the state right after the resume."""
-    from course_lib.checkpoint.resumable import one_step
-    from course_lib.checkpoint.resume import resume_latest
-
     root = Path(root)
     cfg, model, optimizer, cursor = _start(1000 + dist.get_rank())  # nothing as it was
     start = resume_latest(root, model, optimizer, cursor, None, None, training_state,

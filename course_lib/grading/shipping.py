@@ -1,0 +1,267 @@
+"""What the judge sends the sandbox by value: the grader's code, and the library's where
+the lab being graded hides it.
+
+While a lab is graded the sandbox holds its answers only as stand-ins
+(:mod:`~course_lib.grading.hiding`), yet a check's harness may be built on one of them
+(Exercise 4.3's check cuts the model with the library's ``partition``, which is 4.4's
+answer; 2.4 trains the library's DDP, 2.3's). Such a piece travels inside the request,
+as code, from the judge: it runs where the harness runs, and the sandbox has nothing of
+it to import by name.
+
+:func:`shipped` finds those pieces: the hidden answers, and every function or class of
+the library whose code reaches one (through a global name, a default, a closure, a base
+class or a method), to a fixed point. Everything else of the library travels by name as
+usual, so the student's objects and the harness's still share one ``ShardedTensor``, one
+``GPT``. A piece that imports a hidden one *inside* its body, or reaches it as a module's
+attribute, cannot be shipped (the import runs in the sandbox; a module travels by
+name): :func:`unshippable` lists those, and a test keeps it empty.
+
+Where a lab hands the student another item's answer (:data:`~.hiding.GIVEN`: 2.3's
+frame is built on Bucket, 2.6's answer), :func:`given` runs that item's requests in
+processes of their own and puts the piece back there, by value, in place of its
+stand-in; the requests of every other item never see it.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+from dataclasses import replace
+import importlib
+import io
+import pkgutil
+import sys
+import types
+
+import torch.distributed as dist
+from cloudpickle import cloudpickle as _cloudpickle
+
+from course_lib.grading.hiding import GIVEN, items_of
+from course_lib.runtime import pickling
+
+_SKIP = ("course_lib.grading", "course_lib.submission")
+
+
+def _hidden(exercises):
+    """{id: object} of the library's (not torch's) hidden answers for ``exercises``."""
+    found = {}
+    for module, names in items_of(exercises).items():
+        if module.startswith("course_lib."):
+            loaded = importlib.import_module(module)
+            for name in names:
+                if hasattr(loaded, name):
+                    found[id(getattr(loaded, name))] = getattr(loaded, name)
+    return found
+
+
+def _codes(code):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _functions_of(cls):
+    """The functions a class's own namespace holds (methods, static and class methods,
+    properties' accessors)."""
+    for value in vars(cls).values():
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, property):
+            yield from (f for f in (value.fget, value.fset, value.fdel) if f is not None)
+        elif isinstance(value, types.FunctionType):
+            yield value
+
+
+def _reaches(obj):
+    """What ``obj`` (a function or a class) refers to when it runs."""
+    if isinstance(obj, type):
+        yield from obj.__mro__[1:]
+        for fn in _functions_of(obj):
+            yield from _reaches(fn)
+        return
+    names = {n for code in _codes(obj.__code__) for n in code.co_names}
+    for name in names:
+        value = obj.__globals__.get(name)
+        if isinstance(value, types.ModuleType):  # module.attr: any attribute the code names
+            yield from (getattr(value, n) for n in names if hasattr(value, n))
+        elif value is not None:
+            yield value
+    yield from obj.__defaults__ or ()
+    yield from (obj.__kwdefaults__ or {}).values()
+    for cell in obj.__closure__ or ():
+        try:
+            yield cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+
+
+@functools.lru_cache(maxsize=1)
+def _library_modules():
+    """Every module of the library (imported once: what a harness reaches must not depend
+    on what happens to be imported when a message is pickled)."""
+    import course_lib
+
+    names = [m.name for m in pkgutil.walk_packages(course_lib.__path__, "course_lib.")
+             if not m.name.startswith(_SKIP) and not m.name.endswith("__main__")]
+    return [importlib.import_module(name) for name in names]
+
+
+def _library_definitions():
+    """Every function and class defined at the top of a module of the library."""
+    for module in _library_modules():
+        name = module.__name__
+        for value in list(vars(module).values()):
+            if isinstance(value, (type, types.FunctionType)) and \
+                    getattr(value, "__module__", None) == name:
+                yield value
+
+
+def shipped(exercises):
+    """{id: object} of the library's functions and classes that travel by value while
+    ``exercises`` are graded (a class brings its methods)."""
+    return _shipped(tuple(exercises))
+
+
+@functools.lru_cache(maxsize=64)
+def _shipped(exercises):
+    ship = _hidden(exercises)
+    if not ship:
+        return {}
+    rest = {id(v): v for v in _library_definitions() if id(v) not in ship}
+    reaches = {key: {id(r) for r in _reaches(obj)} for key, obj in rest.items()}
+    grew = True
+    while grew:
+        grew = False
+        for key in list(rest):
+            if reaches[key] & ship.keys():
+                ship[key] = rest.pop(key)
+                grew = True
+    for cls in [v for v in ship.values() if isinstance(v, type)]:
+        ship.update({id(fn): fn for fn in _functions_of(cls)})
+    return ship
+
+
+def unshippable(exercises, functions):
+    """``[(function, what)]``: the ``functions`` (a check's harness, or shipped code) that
+    reach a piece shipped for ``exercises`` in a way that cannot travel: an import in
+    their body (it runs in the sandbox and finds the stand-in), or an attribute of a
+    module (``reshard.train_and_save``: a module travels by name). Import the piece by
+    name at the top of the module instead."""
+    ship = shipped(exercises)
+    found = []
+    for fn in functions:
+        where = f"{fn.__module__}:{fn.__qualname__}"
+        for code in _codes(fn.__code__):
+            module = None
+            for op in dis.get_instructions(code):
+                if op.opname == "IMPORT_NAME":
+                    module = sys.modules.get(op.argval)
+                elif op.opname == "IMPORT_FROM" and _holds(getattr(module, op.argval, None), ship):
+                    found.append((where, f"imports {module.__name__}.{op.argval}"))
+                elif op.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    module = fn.__globals__.get(op.argval)
+                elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and \
+                        isinstance(module, types.ModuleType) and \
+                        id(getattr(module, op.argval, None)) in ship:
+                    found.append((where, f"reaches {module.__name__}.{op.argval}"))
+                    module = None
+                else:
+                    module = None if op.opname not in ("IMPORT_FROM", "POP_TOP", "STORE_FAST",
+                                                        "STORE_NAME") else module
+    return found
+
+
+def _holds(value, ship):
+    """Whether ``value`` is shipped, or a module defining something shipped."""
+    if isinstance(value, types.ModuleType):
+        return any(getattr(v, "__module__", None) == value.__name__ for v in ship.values())
+    return id(value) in ship
+
+
+class _Pickler(pickling.Pickler):
+    def __init__(self, file, ship):
+        super().__init__(file)
+        self._ship = ship
+
+    def reducer_override(self, obj):
+        if id(obj) in self._ship and not pickling.once_differentiable_wrapper(obj):
+            if isinstance(obj, type):
+                reduced = _cloudpickle._dynamic_class_reduce(obj)
+                # an autograd Function's metaclass makes its backward class anew when the
+                # class is rebuilt; the old one does not travel
+                reduced[2][0].pop("_backward_cls", None)
+                return reduced
+            return self._dynamic_function_reduce(obj)
+        return super().reducer_override(obj)
+
+
+def dumps(message, exercises):
+    """``message`` pickled for the sandbox of a lab grading ``exercises``."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, shipped(exercises)).dump(message)
+    return buffer.getvalue()
+
+
+def given(exercise, request, here_timeout=120.0):
+    """``(request, unwrap)``: ``request`` as it runs for ``exercise``. For an item the lab
+    hands another item's answer, on ranks whose job ends with it (one rank where it would
+    have run in the student's process: ``unwrap`` then says to take rank 0's answer),
+    with that answer put back there; for every other item, ``request`` itself."""
+    entries = GIVEN.get(exercise)
+    if not entries:
+        return request, False
+    pieces = {}
+    for entry in entries:
+        module, _, name = entry.partition(":")
+        pieces[entry] = getattr(importlib.import_module(module), name)
+    harness = functools.partial(_with_given, pieces, request.harness)
+    if request.kind == "here":
+        return replace(request, kind="ranks", harness=harness, nproc=1,
+                       timeout=here_timeout), True
+    return replace(request, harness=harness), False
+
+
+def _namespaces(objects):
+    """The global namespaces the student's ``objects`` run in (functions, classes,
+    partials, and containers of them)."""
+    found, todo = {}, list(objects)
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, functools.partial):
+            todo += [obj.func, *obj.args, *obj.keywords.values()]
+        elif isinstance(obj, (list, tuple)):
+            todo += list(obj)
+        elif isinstance(obj, dict):
+            todo += list(obj.values())
+        elif isinstance(obj, type) and not obj.__module__.startswith(("torch", "course_lib")):
+            todo += list(_functions_of(obj)) + list(obj.__bases__)
+        elif isinstance(obj, types.FunctionType):
+            found[id(obj.__globals__)] = obj.__globals__
+    return list(found.values())
+
+
+def _with_given(pieces, harness, *args, **kwargs):
+    """On each rank of the request: each given piece in place of its stand-in, in the
+    library's modules and in the student's namespace; then the harness. The job ends
+    with the call (its default group destroyed, the runtime retires its ranks), so no
+    later request runs where the pieces were."""
+    try:
+        _put_back(pieces, args, kwargs)
+        return harness(*args, **kwargs)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _put_back(pieces, args, kwargs):
+    for entry, piece in pieces.items():
+        module, _, name = entry.partition(":")
+        stand_in = getattr(importlib.import_module(module), name, None)
+        if stand_in is None or stand_in is piece:
+            continue
+        spaces = [vars(m) for n, m in list(sys.modules.items())
+                  if n.startswith("course_lib") and m is not None]
+        for space in spaces + _namespaces([*args, *kwargs.values()]):
+            for key, value in list(space.items()):
+                if value is stand_in:
+                    space[key] = piece
