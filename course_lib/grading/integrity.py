@@ -22,7 +22,9 @@ student's. :func:`scan` parses them and reports, by cell:
   ``gc`` walks, ``sys.setprofile``/``settrace``, IPython's input transformers,
   AST transformers and custom exception handlers, ``__code__``/``__class__``/
   ``__globals__`` assigned, ``__reduce__`` defined, Python started in a
-  subprocess, a course file's text read (``__file__``, ``inspect.getsource``);
+  subprocess, a course file's text read (``__file__``, ``inspect.getsource``), a
+  function's insides read (``__globals__``, ``__code__``, ``__closure__``), code turned
+  into bytes or rebuilt from them (``marshal``, ``pickle``, ``types.FunctionType``);
 - code that reaches beneath the instruments a check reads (door 4): a private name
   of course_lib or torch (``comm._active``, ``torch._C``, ``_pop_mode``), or a
   thread of its own (a FLOP counter counts the thread it was entered on).
@@ -68,6 +70,14 @@ BEHIND_THE_TEXT = {
     # the instruments a check reads (a FLOP counter, a log of operations) are per thread
     "threading.Thread": "runs code in another thread",
     "concurrent.futures.ThreadPoolExecutor": "runs code in another thread",
+    # code carried from one process or request to another, around what the judge sends
+    "marshal.loads": "rebuilds code from bytes", "marshal.load": "rebuilds code from bytes",
+    "marshal.dumps": "turns code into bytes", "marshal.dump": "turns code into bytes",
+    "types.FunctionType": "builds a function from a code object",
+    "types.CodeType": "builds a code object", "cloudpickle.dumps": "turns code into bytes",
+    "cloudpickle.loads": "rebuilds code from bytes", "pickle.loads": "rebuilds objects from bytes",
+    "pickle.load": "rebuilds objects from bytes", "dill.dumps": "turns code into bytes",
+    "dill.loads": "rebuilds code from bytes",
     # a module named by a string: the judge's reading of the source follows names only
     "importlib.import_module": "imports a module named by a string",
     "importlib.__import__": "imports a module named by a string",
@@ -78,6 +88,9 @@ IPYTHON_HOOKS = {"input_transformers_cleanup", "input_transformers_post", "ast_t
 # attributes whose assignment swaps what an object is or what a function runs
 SWAPPED = {"__code__", "__class__", "__globals__", "__defaults__", "__kwdefaults__",
            "__closure__", "__bases__", "__dict__"}
+# attributes whose reading takes what a function or class holds, not what it does (the
+# library's code the judge ships runs beside the student's: its globals are there)
+INSIDES = {"__globals__", "__code__", "__closure__", "__wrapped__", "__subclasses__"}
 # methods whose definition changes how an object travels or is rebuilt
 REBUILT = {"__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs__",
            "__getnewargs_ex__"}
@@ -267,6 +280,9 @@ def _behind_the_text(node, aliases):
             yield f"private:{reached}", f"reaches beneath the instruments ({reached})"
     if isinstance(node, ast.Attribute) and node.attr in IPYTHON_HOOKS:
         yield ast.dump(node), f"hooks IPython ({node.attr})"
+    elif isinstance(node, ast.Attribute) and node.attr in INSIDES \
+            and isinstance(node.ctx, ast.Load):
+        yield ast.dump(node), f"reads a function's insides ({node.attr})"
     elif isinstance(node, ast.Attribute) and node.attr == "modules" \
             and _dotted(node, aliases) == "sys.modules":
         yield ast.dump(node), "reaches a module through sys.modules"

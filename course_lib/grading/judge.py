@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from nbformat.v4 import new_output
 
 from course_lib.grading import checks, salt, shipping
+from course_lib.grading.hiding import GIVEN
 from course_lib.grading import hidden as hidden_settings
 from course_lib.grading.requests import (Student, here, inspect_students, interpret,
                                          not_implemented)
@@ -179,8 +180,12 @@ class _Run:
             return self.ask(message, timeout, index)
 
         seed = hidden_settings.seed(*self.hidden, fn.exercise) if self.hidden else None
-        return judge_check(fn, names, options, ask, self.source, index,
-                           here_timeout=self.cell_timeout, seed=seed)
+        try:
+            return judge_check(fn, names, options, ask, self.source, index,
+                               here_timeout=self.cell_timeout, seed=seed)
+        finally:
+            if fn.exercise in GIVEN:  # the ranks it was handed another item's answer on
+                self.sandbox.end_ranks()
 
 
 class _Timeout(Exception):

@@ -138,6 +138,13 @@ def _bwrap_command(workdir, env, mounts=()):
     return command
 
 
+def _cmdline(proc):
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _font_cache():
     import matplotlib
 
@@ -257,6 +264,19 @@ class Sandbox:
                     proc.send_signal(signal.SIGINT)
             except psutil.Error:
                 continue
+
+    def end_ranks(self):
+        """End every process the collector started (its ranks, warm or not, and anything
+        else), keeping the collector: nothing that ran there is there for the next
+        request, whatever the collector's own code was made to do. Its next job starts
+        anew (a warm job found dead is replaced)."""
+        left = [p for p in self._processes() if COLLECTOR not in " ".join(_cmdline(p))]
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+        procs.wait_dead(left, 10)
 
     def _processes(self):
         found = []

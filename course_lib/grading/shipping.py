@@ -17,9 +17,10 @@ attribute, cannot be shipped (the import runs in the sandbox; a module travels b
 name): :func:`unshippable` lists those, and a test keeps it empty.
 
 Where a lab hands the student another item's answer (:data:`~.hiding.GIVEN`: 2.3's
-frame is built on Bucket, 2.6's answer), :func:`given` runs that item's requests in
-processes of their own and puts the piece back there, by value, in place of its
-stand-in; the requests of every other item never see it.
+frame is built on Bucket, 2.6's answer), :func:`given` runs that item's requests on
+ranks (never in the student's own process) and puts the piece back there, by value, in
+place of its stand-in; once the item is decided the judge ends every rank of the
+sandbox, so the requests of every other item never run where the piece was.
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ import pkgutil
 import sys
 import types
 
-import torch.distributed as dist
 from cloudpickle import cloudpickle as _cloudpickle
 
 from course_lib.grading.hiding import GIVEN, items_of
@@ -204,9 +204,10 @@ def dumps(message, exercises):
 
 def given(exercise, request, here_timeout=120.0):
     """``(request, unwrap)``: ``request`` as it runs for ``exercise``. For an item the lab
-    hands another item's answer, on ranks whose job ends with it (one rank where it would
-    have run in the student's process: ``unwrap`` then says to take rank 0's answer),
-    with that answer put back there; for every other item, ``request`` itself."""
+    hands another item's answer, on ranks (one where it would have run in the student's
+    process: ``unwrap`` then says to take rank 0's answer), with that answer put back
+    there; for every other item, ``request`` itself. The judge ends those ranks when the
+    item is decided, before any other item's request runs."""
     entries = GIVEN.get(exercise)
     if not entries:
         return request, False
@@ -242,18 +243,8 @@ def _namespaces(objects):
 
 def _with_given(pieces, harness, *args, **kwargs):
     """On each rank of the request: each given piece in place of its stand-in, in the
-    library's modules and in the student's namespace; then the harness. The job ends
-    with the call (its default group destroyed, the runtime retires its ranks), so no
-    later request runs where the pieces were."""
-    try:
-        _put_back(pieces, args, kwargs)
-        return harness(*args, **kwargs)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _put_back(pieces, args, kwargs):
+    library's modules and in the student's namespace; then the harness. (The judge ends
+    every rank of the sandbox once the item is decided: :meth:`.Sandbox.end_ranks`.)"""
     for entry, piece in pieces.items():
         module, _, name = entry.partition(":")
         stand_in = getattr(importlib.import_module(module), name, None)
@@ -265,3 +256,4 @@ def _put_back(pieces, args, kwargs):
             for key, value in list(space.items()):
                 if value is stand_in:
                     space[key] = piece
+    return harness(*args, **kwargs)

@@ -194,6 +194,16 @@ def test_tampering_is_flagged(source, flag):
     ("import os\nos.system('python3 x.py')", "starts a process (os.system)"),
     ("import course_lib\nopen(course_lib.__file__).read()", "reads a course file's path (course_lib.__file__)"),
     ("import inspect\nfrom course_lib import comm\ninspect.getsource(comm)", "reads source code (inspect.getsource)"),
+    # what the judge ships (a harness, the library's pieces it is built on) runs beside the
+    # student's code on the ranks: its insides, or code carried to a later request
+    ("def take(model):\n    return type(model).forward.__globals__['Bucket']",
+     "reads a function's insides (__globals__)"),
+    ("keep = object.__subclasses__()", "reads a function's insides (__subclasses__)"),
+    ("import marshal\nblob = marshal.dumps(fn.__code__)", "turns code into bytes (marshal.dumps)"),
+    ("import types\nf = types.FunctionType(code, globals())",
+     "builds a function from a code object (types.FunctionType)"),
+    ("import pickle\nf = pickle.load(open('/tmp/kept.pkl', 'rb'))",
+     "rebuilds objects from bytes (pickle.load)"),
 ])
 def test_code_behind_the_text_is_flagged(source, flag):
     """Door 6: what makes what runs differ from what the notebook says, or reads what the

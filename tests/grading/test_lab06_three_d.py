@@ -1,8 +1,10 @@
 """Exercise 6.4's check on 8 and 4 gloo ranks: a student-style DP x TP x PP run passes;
-one that feeds every replica the whole batch, one that never averages over dp, and the
-stub fail, each with its reason."""
+one that feeds every replica the whole batch, one that never averages over dp, one in
+which every rank trains the whole model alone (its replica's losses come out right), one
+that never splits a block over tp, and the stub fail, each with its reason."""
 import pytest
 import torch
+import torch.distributed as dist
 
 from conftest import judged, ship_by_value
 from course_lib.grading import checks, lab06
@@ -11,7 +13,7 @@ ship_by_value(__name__)
 
 
 def train_3d(cfg, dp, tp, pp, batches, microbatches=2, seed=0, lr=3e-3,
-             whole_batch=False, average=True):
+             whole_batch=False, average=True, split_blocks=True):
     from course_lib.ddp import FlatDDP
     from course_lib.mesh import ParallelDims
     from course_lib.models import Block
@@ -24,7 +26,7 @@ def train_3d(cfg, dp, tp, pp, batches, microbatches=2, seed=0, lr=3e-3,
     try:
         s = dims.coords.pp
         module = gpt_stage(cfg, s, pp, seed)
-        for block in [m for m in module.modules() if isinstance(m, Block)]:
+        for block in [m for m in module.modules() if isinstance(m, Block) and split_blocks]:
             parallelize_block(block, dims.group("tp"))
         ddp = FlatDDP(module, process_group=dims.group("dp"))
         ddp.require_backward_grad_sync = False
@@ -57,6 +59,28 @@ def never_averaging_over_dp(cfg, dp, tp, pp, batches):
     return train_3d(cfg, dp, tp, pp, batches, average=False)
 
 
+def every_rank_trains_alone(cfg, dp, tp, pp, batches, seed=0, lr=3e-3):
+    """No 3D at all: the whole model on the whole batch, its replica's rows' loss reported."""
+    from course_lib.models import GPT
+    from course_lib.pipeline.runs import gpt_loss
+
+    model, loss_fn = GPT(cfg, seed), gpt_loss(cfg.vocab)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    size, dp_i = len(batches[0][0]) // dp, dist.get_rank() // tp % dp
+    rows, losses = slice(dp_i * size, (dp_i + 1) * size), []
+    for x, y in batches:
+        with torch.no_grad():
+            losses.append(loss_fn(model(x[rows]), y[rows]).item())
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return losses
+
+
+def blocks_never_split_over_tp(cfg, dp, tp, pp, batches):
+    return train_3d(cfg, dp, tp, pp, batches, split_blocks=False)
+
+
 def test_a_student_style_run_passes_on_three_meshes(sandbox):
     assert "(2, 2, 2)" in judged(sandbox, lab06.check_three_d, train_3d, seed=7)
 
@@ -68,6 +92,13 @@ def test_a_student_style_run_passes_on_three_meshes(sandbox):
 def test_wrong_runs_are_named(wrong, fragment, sandbox):
     with pytest.raises(checks.CheckFailed, match=f"(?s){fragment}"):
         judged(sandbox, lab06.check_three_d, wrong, meshes=((2, 1, 2),))
+
+
+@pytest.mark.parametrize("wrong,mesh", [(every_rank_trains_alone, (2, 1, 2)),
+                                        (blocks_never_split_over_tp, (1, 2, 2))])
+def test_right_losses_from_a_rank_doing_more_than_its_share_fail(wrong, mesh, sandbox):
+    with pytest.raises(checks.CheckFailed, match="did [0-9.]+x its share of the matmul FLOPs"):
+        judged(sandbox, lab06.check_three_d, wrong, meshes=(mesh,))
 
 
 def test_the_stub_says_not_implemented():

@@ -9,6 +9,12 @@ the others). The judge replays one process on the whole batch and computes, befo
 each of its updates, every replica's loss on that replica's rows: a rank of the last
 stage must report exactly its replica's. The first step's loss says whether the rank
 read the right rows; the later ones whether the update was the whole batch's.
+
+The losses alone would pass a run in which every rank trains the whole model on the
+whole batch and reports its replica's rows. So each rank's matmul FLOPs are counted
+too, against 1/(dp tp pp) of one process's (a stage of a replica, split over its tp
+group: 0.7 to 0.9 of that share, the head being whole; 1.25 is the most allowed), and
+with pp > 1 every rank must send to and receive from its pipeline neighbours.
 """
 from __future__ import annotations
 
@@ -16,8 +22,9 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.grading import checks, salt
+from course_lib.grading import checks, salt, wire
 from course_lib.grading.requests import on_ranks
 from course_lib.models import GPT
 from course_lib.pipeline.runs import corpus_batches, corpus_config, gpt_loss
@@ -26,17 +33,21 @@ EX = "Exercise 6.4"
 CFG = corpus_config(layers=2, dim=32, heads=4, seq_len=16)
 STEPS, BATCH, LR = 3, 8, 3e-3
 MESHES = [(2, 2, 2), (1, 2, 2), (2, 1, 2)]  # (dp, tp, pp): all three, then each pair with pp
+MOST_FLOPS = 1.25  # of a rank's share, 1/(dp tp pp) of one process's run
 
 
 def three_d_job(train_3d, cfg, dp, tp, pp, steps, batch):
-    """On a rank: the student's run, and where this rank sits: {"losses", "rank"}."""
+    """On a rank: the student's run, where this rank sits, its matmul FLOPs and its
+    traffic: {"losses", "rank", "flops", "traffic"}."""
     batches = list(corpus_batches(cfg, batch, steps, "cpu"))
-    losses = train_3d(cfg, dp, tp, pp, batches)
+    with wire.counting() as stats, FlopCounterMode(display=False) as flops:
+        losses = train_3d(cfg, dp, tp, pp, batches)
     try:
         losses = [None if v is None else float(v) for v in losses]
     except (TypeError, ValueError):
         losses = repr(losses)[:200]
-    return {"losses": losses, "rank": dist.get_rank()}
+    return {"losses": losses, "rank": dist.get_rank(), "flops": flops.get_total_flops(),
+            "traffic": stats.as_dict()}
 
 
 def replica_losses(cfg, dp, steps, batch, seed=0, lr=LR):
@@ -53,6 +64,34 @@ def replica_losses(cfg, dp, steps, batch, seed=0, lr=LR):
         loss_fn(model(x), y).backward()
         opt.step()
     return out
+
+
+def one_process_flops(cfg, steps, batch):
+    """The matmul FLOPs of :func:`replica_losses` with one replica: the whole run's."""
+    with FlopCounterMode(display=False) as flops:
+        replica_losses(cfg, 1, steps, batch)
+    return flops.get_total_flops()
+
+
+def _judge_work(outs, total, dp, tp, pp):
+    """Each rank did its share of the work, and a pipeline's ranks talked to each other."""
+    mesh, n = f"dp={dp} tp={tp} pp={pp}", dp * tp * pp
+    for out in outs:
+        rank, share = out["rank"], out["flops"] / (total / n)
+        if share > MOST_FLOPS:
+            raise checks.CheckFailed(
+                f"{EX}: on {mesh}, rank {rank} did {share:.1f}x its share of the matmul FLOPs "
+                f"(one process's run / {n}); a rank of a 3D run computes only its pipeline "
+                f"stage, of its replica's rows, split over its tensor-parallel group.\nHint: "
+                f"build stage pp_i of the model (gpt_stage), parallelize its blocks over the "
+                f"tp group, and feed the pipeline the rows of replica dp_i only.", exercise=EX)
+        traffic = out["traffic"]
+        if pp > 1 and not (traffic["sent_messages"] and traffic["recv_messages"]):
+            raise checks.CheckFailed(
+                f"{EX}: on {mesh}, rank {rank} sent {traffic['sent_messages']} and received "
+                f"{traffic['recv_messages']} point-to-point messages; with pp > 1 every stage "
+                f"sends activations or gradients to a neighbour stage and receives the other.",
+                exercise=EX)
 
 
 def _judge(outs, want, dp, tp, pp):
@@ -93,5 +132,6 @@ def check_three_d(train_3d, meshes=tuple(MESHES)):
         outs = yield on_ranks(three_d_job, train_3d, CFG, dp, tp, pp, STEPS, BATCH,
                               nproc=dp * tp * pp, timeout=240)
         _judge(outs, replica_losses(CFG, dp, STEPS, BATCH), dp, tp, pp)
+        _judge_work(outs, one_process_flops(CFG, STEPS, BATCH), dp, tp, pp)
     return (f"meshes (dp, tp, pp) {list(meshes)}: every replica's loss as one process, "
-            f"{STEPS} steps")
+            f"{STEPS} steps, each rank doing its share")
