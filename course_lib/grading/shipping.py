@@ -36,6 +36,7 @@ import types
 from cloudpickle import cloudpickle as _cloudpickle
 
 from course_lib.grading.hiding import GIVEN, items_of
+from course_lib.grading.source import code_objects
 from course_lib.runtime import pickling
 
 _SKIP = ("course_lib.grading", "course_lib.submission")
@@ -51,13 +52,6 @@ def _hidden(exercises):
                 if hasattr(loaded, name):
                     found[id(getattr(loaded, name))] = getattr(loaded, name)
     return found
-
-
-def _codes(code):
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
 
 
 def _functions_of(cls):
@@ -79,7 +73,7 @@ def _reaches(obj):
         for fn in _functions_of(obj):
             yield from _reaches(fn)
         return
-    names = {n for code in _codes(obj.__code__) for n in code.co_names}
+    names = {n for code in code_objects(obj.__code__) for n in code.co_names}
     for name in names:
         value = obj.__globals__.get(name)
         if isinstance(value, types.ModuleType):  # module.attr: any attribute the code names
@@ -151,7 +145,7 @@ def unshippable(exercises, functions):
     found = []
     for fn in functions:
         where = f"{fn.__module__}:{fn.__qualname__}"
-        for code in _codes(fn.__code__):
+        for code in code_objects(fn.__code__):
             module = None
             for op in dis.get_instructions(code):
                 if op.opname == "IMPORT_NAME":

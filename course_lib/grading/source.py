@@ -70,11 +70,12 @@ def _bound_names(node):
     return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
-def _codes(code):
+def code_objects(code):
+    """``code`` and every code object nested in it (its functions, lambdas, comprehensions)."""
     yield code
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            yield from _codes(const)
+            yield from code_objects(const)
 
 
 def _resolve(path):
@@ -124,7 +125,7 @@ class Source:
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 continue
             lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
-            inner = [c for code in cell.codes for c in _codes(code)
+            inner = [c for code in cell.codes for c in code_objects(code)
                      if c.co_firstlineno in lines and c.co_name != "<module>"]
             if any(code_is_stub(c) for c in inner):
                 found.append(name)
@@ -168,7 +169,7 @@ class Source:
 def _reached(code, aliases):
     """(dotted path, how) for every name and attribute chain ``code`` loads, its imports
     and ``getattr(x, "constant")``; paths start from the notebook's import aliases."""
-    for each in _codes(code):
+    for each in code_objects(code):
         chain = None  # the chain the previous instruction left on the stack
         for ins in (i for i in dis.get_instructions(each) if i.opname not in _SKIP):
             if ins.opname in ("LOAD_NAME", "LOAD_GLOBAL"):
