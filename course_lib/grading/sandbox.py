@@ -138,13 +138,6 @@ def _bwrap_command(workdir, env, mounts=()):
     return command
 
 
-def _cmdline(proc):
-    try:
-        return proc.cmdline()
-    except psutil.Error:
-        return []
-
-
 def _font_cache():
     import matplotlib
 
@@ -270,13 +263,15 @@ class Sandbox:
         else), keeping the collector: nothing that ran there is there for the next
         request, whatever the collector's own code was made to do. Its next job starts
         anew (a warm job found dead is replaced)."""
-        left = [p for p in self._processes() if COLLECTOR not in " ".join(_cmdline(p))]
-        for proc in left:
+        ended = []
+        for proc in self._processes():
             try:
-                proc.kill()
+                if COLLECTOR not in " ".join(proc.cmdline()):
+                    proc.kill()
+                    ended.append(proc)
             except psutil.Error:
                 continue
-        procs.wait_dead(left, 10)
+        procs.wait_dead(ended, 10)
 
     def _processes(self):
         found = []

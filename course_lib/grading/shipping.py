@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import dis
 import functools
-from dataclasses import replace
 import importlib
 import io
 import pkgutil
 import sys
 import types
+from dataclasses import replace
 
 from cloudpickle import cloudpickle as _cloudpickle
 
@@ -219,9 +219,12 @@ def given(exercise, request, here_timeout=120.0):
 def _namespaces(objects):
     """The global namespaces the student's ``objects`` run in (functions, classes,
     partials, and containers of them)."""
-    found, todo = {}, list(objects)
+    found, todo, seen = {}, list(objects), set()
     while todo:
         obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
         if isinstance(obj, functools.partial):
             todo += [obj.func, *obj.args, *obj.keywords.values()]
         elif isinstance(obj, (list, tuple)):
