@@ -205,15 +205,18 @@ def given(exercise, request, here_timeout=120.0):
     entries = GIVEN.get(exercise)
     if not entries:
         return request, False
-    pieces = {}
-    for entry in entries:
-        module, _, name = entry.partition(":")
-        pieces[entry] = getattr(importlib.import_module(module), name)
+    pieces = {entry: _named(entry) for entry in entries}
     harness = functools.partial(_with_given, pieces, request.harness)
     if request.kind == "here":
         return replace(request, kind="ranks", harness=harness, nproc=1,
                        timeout=here_timeout), True
     return replace(request, harness=harness), False
+
+
+def _named(entry):
+    """The object a ``"module:name"`` entry names in this process (None if it has none)."""
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name, None)
 
 
 def _namespaces(objects):
@@ -243,8 +246,7 @@ def _with_given(pieces, harness, *args, **kwargs):
     library's modules and in the student's namespace; then the harness. (The judge ends
     every rank of the sandbox once the item is decided: :meth:`.Sandbox.end_ranks`.)"""
     for entry, piece in pieces.items():
-        module, _, name = entry.partition(":")
-        stand_in = getattr(importlib.import_module(module), name, None)
+        stand_in = _named(entry)  # here, the sandbox's: the stand-in
         if stand_in is None or stand_in is piece:
             continue
         spaces = [vars(m) for n, m in list(sys.modules.items())
