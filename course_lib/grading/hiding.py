@@ -48,9 +48,8 @@ def _course_hidden(name, item, kind):
 
 # Answers to one item that the lab hands the student for another item of the same lab.
 # The sandbox hides them like every answer; the requests of the item they are handed to
-# run on ranks, where the judge puts them back by value
-# (:func:`course_lib.grading.shipping.given`), and which it ends once that item is
-# decided: no other item's request runs where they were.
+# run on ranks, where the judge puts them back by value (:func:`.apart.given`), and no
+# item they answer is decided on ranks that held them (:class:`.apart.Account`).
 GIVEN = {
     "Exercise 2.3": ("course_lib.ddp.buckets:Bucket",),  # the frame's flat buffers (2.6's)
     # plan.fits counts each mesh's model state with Prediction 6.2's formula

@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 
 from nbformat.v4 import new_output
 
-from course_lib.grading import checks, salt, shipping
-from course_lib.grading.hiding import GIVEN
+from course_lib.grading import apart, checks, salt
 from course_lib.grading import hidden as hidden_settings
 from course_lib.grading.requests import (Student, here, inspect_students, interpret,
                                          not_implemented)
@@ -113,6 +112,7 @@ class _Run:
         self.source = Source([(i, c.source) for i, c in enumerate(nb.cells)
                               if c.cell_type == "code" and c.get("id") not in checks_by_id])
         self.results, self.timed_out = {}, []
+        self.account = apart.Account(lab.exercise_ids)  # answers sent, items not decided
 
     def left(self):
         left = self.deadline - time.monotonic()
@@ -180,12 +180,14 @@ class _Run:
             return self.ask(message, timeout, index)
 
         seed = hidden_settings.seed(*self.hidden, fn.exercise) if self.hidden else None
+        if self.account.must_end_ranks(fn.exercise):  # they may hold its answer
+            self.sandbox.end_ranks()
         try:
             return judge_check(fn, names, options, ask, self.source, index,
-                               here_timeout=self.cell_timeout, seed=seed)
+                               here_timeout=self.cell_timeout, seed=seed,
+                               route=self.account.route)
         finally:
-            if fn.exercise in GIVEN:  # the ranks it was handed another item's answer on
-                self.sandbox.end_ranks()
+            self.account.decided.add(fn.exercise)
 
 
 class _Timeout(Exception):
@@ -193,14 +195,15 @@ class _Timeout(Exception):
 
 
 def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=300.0,
-                seed=None):
+                seed=None, route=apart.given):
     """Decide one call of check ``fn`` on the student's objects ``names`` (with ``options``):
     returns the pass line, or raises CheckFailed / NotImplementedError. ``ask(message,
     timeout)`` gets the collector's reply (None when it was interrupted); ``source`` (a
     :class:`~course_lib.grading.source.Source`) is the student's code, read for stubs and
     course_lib's implementations in the cells before ``before``. With ``seed``, a check
     that draws hidden settings (``fn.hidden``) runs on them too, after the visible ones
-    pass; its failure there is told without the drawn numbers (:mod:`.hidden`)."""
+    pass; its failure there is told without the drawn numbers (:mod:`.hidden`).
+    ``route(exercise, request, here_timeout)`` says where a request runs (:mod:`.apart`)."""
     exercise = fn.exercise
     found = []
     if source is not None:
@@ -228,8 +231,8 @@ def judge_check(fn, names, options, ask, source=None, before=None, here_timeout=
 
     def answer(request):
         request = salt.carried(request)  # a hidden run's salt goes where the request runs
-        # an item handed another's answer runs apart, with the answer put back there
-        request, unwrap = shipping.given(exercise, request, here_timeout)
+        # an answer that travels with it stays away from the student's own process
+        request, unwrap = route(exercise, request, here_timeout)
         wait = request.timeout + REQUEST_SLACK_S if request.kind == "ranks" else here_timeout
         outcome = ask({"op": "request", "exercise": exercise, "request": request}, wait)
         if outcome is None:

@@ -50,10 +50,6 @@ from course_lib.grading import hiding, shipping
 from course_lib.runtime import procs
 from course_lib.submission.collector import HEADER, write_message
 
-# What the judge sends travels by value: a check's harness, the grader's own function,
-# is rebuilt in the sandbox from its code, where no course_lib.grading exists to look
-# it up by name (and nothing the student's code replaced there could be found instead).
-cloudpickle.register_pickle_by_value(course_lib.grading)
 COLLECTOR = "course_lib.submission.collector"
 
 RUN_MARKER = "COURSE_LIB_GRADING_RUN"

@@ -16,11 +16,8 @@ usual, so the student's objects and the harness's still share one ``ShardedTenso
 attribute, cannot be shipped (the import runs in the sandbox; a module travels by
 name): :func:`unshippable` lists those, and a test keeps it empty.
 
-Where a lab hands the student another item's answer (:data:`~.hiding.GIVEN`: 2.3's
-frame is built on Bucket, 2.6's answer), :func:`given` runs that item's requests on
-ranks (never in the student's own process) and puts the piece back there, by value, in
-place of its stand-in; once the item is decided the judge ends every rank of the
-sandbox, so the requests of every other item never run where the piece was.
+A piece sent this way is an answer within reach of the student's code that runs beside
+it; :mod:`~course_lib.grading.apart` keeps that from reaching an item not yet decided.
 """
 from __future__ import annotations
 
@@ -31,15 +28,20 @@ import io
 import pkgutil
 import sys
 import types
-from dataclasses import replace
 
 from cloudpickle import cloudpickle as _cloudpickle
 
-from course_lib.grading.hiding import GIVEN, items_of
+from course_lib.grading.hiding import items_of
+from course_lib.grading.registry import REFERENCES
 from course_lib.grading.source import code_objects
 from course_lib.runtime import pickling
 
 _SKIP = ("course_lib.grading", "course_lib.submission")
+
+# What the judge sends travels by value: a check's harness, the grader's own function,
+# is rebuilt in the sandbox from its code, where no course_lib.grading exists to look
+# it up by name (and nothing the student's code replaced there could be found instead).
+_cloudpickle.register_pickle_by_value(sys.modules["course_lib.grading"])
 
 
 def _hidden(exercises):
@@ -175,10 +177,11 @@ def _holds(value, ship):
 class _Pickler(pickling.Pickler):
     def __init__(self, file, ship):
         super().__init__(file)
-        self._ship = ship
+        self._ship, self.sent = ship, set()  # ids of what went by value
 
     def reducer_override(self, obj):
         if id(obj) in self._ship and not pickling.once_differentiable_wrapper(obj):
+            self.sent.add(id(obj))
             if isinstance(obj, type):
                 reduced = _cloudpickle._dynamic_class_reduce(obj)
                 # an autograd Function's metaclass makes its backward class anew when the
@@ -196,63 +199,26 @@ def dumps(message, exercises):
     return buffer.getvalue()
 
 
-def given(exercise, request, here_timeout=120.0):
-    """``(request, unwrap)``: ``request`` as it runs for ``exercise``. For an item the lab
-    hands another item's answer, on ranks (one where it would have run in the student's
-    process: ``unwrap`` then says to take rank 0's answer), with that answer put back
-    there; for every other item, ``request`` itself. The judge ends those ranks when the
-    item is decided, before any other item's request runs."""
-    entries = GIVEN.get(exercise)
-    if not entries:
-        return request, False
-    pieces = {entry: _named(entry) for entry in entries}
-    harness = functools.partial(_with_given, pieces, request.harness)
-    if request.kind == "here":
-        return replace(request, kind="ranks", harness=harness, nproc=1,
-                       timeout=here_timeout), True
-    return replace(request, harness=harness), False
+def answers_carried(message, exercises):
+    """The items of ``exercises`` whose answers :func:`dumps` would send inside
+    ``message`` (Exercise 2.4's request trains the library's DDP, and with it carries
+    Bucket, the answer to 2.6)."""
+    pickler = _Pickler(io.BytesIO(), shipped(exercises))
+    pickler.dump(message)
+    answered = _answered_by(tuple(exercises))
+    return {item for sent in pickler.sent for item in answered.get(sent, ())}
 
 
-def _named(entry):
-    """The object a ``"module:name"`` entry names in this process (None if it has none)."""
-    module, _, name = entry.partition(":")
-    return getattr(importlib.import_module(module), name, None)
-
-
-def _namespaces(objects):
-    """The global namespaces the student's ``objects`` run in (functions, classes,
-    partials, and containers of them)."""
-    found, todo, seen = {}, list(objects), set()
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, functools.partial):
-            todo += [obj.func, *obj.args, *obj.keywords.values()]
-        elif isinstance(obj, (list, tuple)):
-            todo += list(obj)
-        elif isinstance(obj, dict):
-            todo += list(obj.values())
-        elif isinstance(obj, type) and not obj.__module__.startswith(("torch", "course_lib")):
-            todo += list(_functions_of(obj)) + list(obj.__bases__)
-        elif isinstance(obj, types.FunctionType):
-            found[id(obj.__globals__)] = obj.__globals__
-    return list(found.values())
-
-
-def _with_given(pieces, harness, *args, **kwargs):
-    """On each rank of the request: each given piece in place of its stand-in, in the
-    library's modules and in the student's namespace; then the harness. (The judge ends
-    every rank of the sandbox once the item is decided: :meth:`.Sandbox.end_ranks`.)"""
-    for entry, piece in pieces.items():
-        stand_in = _named(entry)  # here, the sandbox's: the stand-in
-        if stand_in is None or stand_in is piece:
-            continue
-        spaces = [vars(m) for n, m in list(sys.modules.items())
-                  if n.startswith("course_lib") and m is not None]
-        for space in spaces + _namespaces([*args, *kwargs.values()]):
-            for key, value in list(space.items()):
-                if value is stand_in:
-                    space[key] = piece
-    return harness(*args, **kwargs)
+@functools.lru_cache(maxsize=64)
+def _answered_by(exercises):
+    """{id: items} of the library's top-level answers to ``exercises`` (one answer may
+    serve several items)."""
+    found = {}
+    for item in exercises:
+        for entry in REFERENCES.get(item, ()):
+            module, _, qualname = entry.partition(":")
+            if module.startswith("course_lib."):
+                obj = getattr(importlib.import_module(module), qualname.split(".")[0], None)
+                if obj is not None:
+                    found.setdefault(id(obj), set()).add(item)
+    return found

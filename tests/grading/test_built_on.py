@@ -4,7 +4,9 @@ answer), which buckets with assign_buckets (2.2's), and 2.3's frame is handed Bu
 (2.6's). Before grading/shipping.py those pieces stayed in the sandbox and these two
 tamperings were credited (with a flag only); now the sandbox holds stand-ins, the
 checks built on them run the judge's copy, sent by value, and 2.3 gets Bucket back on
-ranks that end before any other item runs."""
+its ranks. A piece sent that way is within the student's reach on the ranks (2.4's
+train_step is handed the library's DDP, an answer to 2.6); the ranks end before 2.6
+is decided (grading/apart.py), so a stash left there in 2.4 is gone by then."""
 import csv
 import shutil
 from pathlib import Path
@@ -36,6 +38,18 @@ class MyDDP(nn.Module):
         impl = importlib.import_module("course_lib.ddp.bucketed").DDP
         return impl(module, bucket_cap_mb=bucket_cap_mb, process_group=process_group)
 '''
+# Exercise 2.4 keeps the library's DDP it was handed on the (warm) rank, where
+# Exercise 2.6's "blank page" then finds it
+STASHES_WHAT_IT_WAS_HANDED = '''def train_step(model, opt, x, y, micro_batches):
+    import collections
+    collections.stashed_ddp = type(model)
+'''
+USES_THE_STASH = '''class MyDDP(nn.Module):
+    def __new__(cls, module, bucket_cap_mb=25.0, process_group=None):
+        import collections
+        return collections.stashed_ddp(module, bucket_cap_mb=bucket_cap_mb,
+                                       process_group=process_group)
+'''
 
 
 def _replaced(nb, defines, source):
@@ -50,6 +64,12 @@ def test_answers_other_items_are_built_on_are_out_of_reach_and_those_items_still
     subs = tmp_path / "submissions"
     subs.mkdir()
     nbformat.write(nb, subs / "borrower.ipynb")
+    nb = nbformat.read(ROOT / "solutions" / "02_ddp.ipynb", 4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "def train_step" in c.source)
+    cell.source = cell.source.replace("def train_step(model, opt, x, y, micro_batches):\n",
+                                      STASHES_WHAT_IT_WAS_HANDED)
+    _replaced(nb, "class MyDDP", USES_THE_STASH)
+    nbformat.write(nb, subs / "stasher.ipynb")
     shutil.copy(ROOT / "solutions" / "02_ddp.ipynb", subs / "honest.ipynb")
     out = tmp_path / "grades" / "gradebook.csv"
     assert grade.main([str(subs), "--solutions", str(ROOT / "solutions"), "--out", str(out),
@@ -67,5 +87,10 @@ def test_answers_other_items_are_built_on_are_out_of_reach_and_those_items_still
     for exercise in ("Exercise 2.4", "Exercise 2.5"):
         assert details[("borrower", exercise)]["status"] == "pass", details[("borrower", exercise)]
     assert "importlib.import_module" in rows["borrower"]["flags"], rows["borrower"]
+    # the stash is on ranks ended before 2.6 is decided; 2.4 itself was honest work
+    assert details[("stasher", "Exercise 2.4")]["status"] == "pass"
+    assert details[("stasher", "Exercise 2.6")]["status"] == "fail", \
+        details[("stasher", "Exercise 2.6")]
+    assert "stashed_ddp" in details[("stasher", "Exercise 2.6")]["message"]
     # and Bucket, handed to 2.3 (and 2.6's answer), on 2.3's own ranks
     assert rows["honest"]["flags"] == "" and int(rows["honest"]["total"]) == 8, rows["honest"]

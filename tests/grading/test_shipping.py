@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import hiding, shipping
+from course_lib.grading import apart, hiding, shipping
 from course_lib.grading.labgen import exercises_in
 from course_lib.grading.registry import REFERENCES
 
@@ -66,7 +66,13 @@ def test_every_shipped_piece_is_rebuilt_from_its_pickle(lab):
     assert hidden and all(any(f"{v.__module__}.{v.__qualname__}" == h for v in shipped.values())
                           for h in hidden), hidden
     for piece in _reached(exercises):
+        kept = dict(vars(piece)) if isinstance(piece, type) else {}
         rebuilt = pickle.loads(shipping.dumps(piece, exercises))
+        # the class's methods are now the rebuilt ones: put the library's back for the
+        # tests after this one
+        for name, value in kept.items():
+            if name not in ("__dict__", "__weakref__") and vars(piece).get(name) is not value:
+                setattr(piece, name, value)
         # a class comes back as itself in the process that pickled it (cloudpickle
         # tracks the classes it sent); a function is a new one, made from its code
         assert rebuilt.__qualname__ == piece.__qualname__
@@ -85,10 +91,33 @@ def test_a_piece_handed_to_an_item_is_another_items_answer_in_the_same_lab():
 def test_an_item_handed_a_piece_runs_it_on_ranks_that_end_with_the_request():
     from course_lib.grading.requests import call_each, here, on_ranks
 
-    request, unwrap = shipping.given("Exercise 6.3", here(call_each, len, [(("ab",), {})]))
+    request, unwrap = apart.given("Exercise 6.3", here(call_each, len, [(("ab",), {})]))
     assert (request.kind, request.nproc, unwrap) == ("ranks", 1, True)
-    assert request.harness.func is shipping._with_given
+    assert request.harness.func is apart._with_given
     assert set(request.harness.args[0]) == set(hiding.GIVEN["Exercise 6.3"])
     ranks = on_ranks(call_each, len, [], nproc=3)
-    assert shipping.given("Exercise 6.4", ranks)[0].nproc == 3
-    assert shipping.given("Exercise 6.2", ranks) == (ranks, False)  # handed nothing
+    assert apart.given("Exercise 6.4", ranks)[0].nproc == 3
+    assert apart.given("Exercise 6.2", ranks) == (ranks, False)  # handed nothing
+
+
+def test_an_answer_to_an_item_not_yet_decided_keeps_its_request_off_the_students_process():
+    from course_lib.grading.lab02 import jobs
+    from course_lib.grading.requests import Student, call_each, here, on_ranks
+
+    items = _exercises(ROOT / "solutions" / "02_ddp.ipynb")
+    account = apart.Account(items)
+    # 2.4's request trains the library's DDP: it carries answers to 2.2, 2.3 and 2.6
+    training = on_ranks(jobs.accumulate, Student("train_step"), 2, nproc=2)
+    assert {"Exercise 2.2", "Exercise 2.3", "Exercise 2.6"} <= \
+        shipping.answers_carried(training, items)
+    account.decided |= {"Exercise 2.1", "Exercise 2.2", "Exercise 2.3"}
+    assert account.route("Exercise 2.4", training) == (training, False)
+    assert account.held == {"Exercise 2.6"}  # 2.2 and 2.3 are decided: nothing to keep
+    assert not account.must_end_ranks("Exercise 2.5")
+    # a request in the student's process that would carry it goes to one rank instead
+    moved, unwrap = account.route("Exercise 2.5", here(jobs.accumulate, Student("f"), 2))
+    assert (moved.kind, moved.nproc, unwrap) == ("ranks", 1, True)
+    plain = here(call_each, len, [])
+    assert account.route("Exercise 2.5", plain) == (plain, False)  # carries nothing
+    assert account.must_end_ranks("Exercise 2.6") and account.held == set()
+    assert not account.must_end_ranks("Exercise 2.6")
