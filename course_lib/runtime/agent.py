@@ -12,8 +12,9 @@ port (``--standalone``), its elastic agent, its environment for each rank
 its failure handling (``--max-restarts=0``: a failed rank ends the job). The one
 difference: the agent is handed the rank's function
 (:func:`course_lib.runtime.worker.main`) and the ranks are forked by a fork
-server that imported torch while the agent did, so they start with torch
-already imported: the same 4 ranks are up in about 3 s.
+server that is itself a fork of the agent once it has imported torch, so they
+start with torch already imported, and a job imports it once: the same 4 ranks
+are up in about 3 s.
 
 Only for CPU (gloo) jobs: a process that forks must not have touched CUDA, so
 NCCL jobs start their ranks as plain torchrun does, and so does every script
@@ -21,35 +22,35 @@ NCCL jobs start their ranks as plain torchrun does, and so does every script
 """
 from __future__ import annotations
 
+import inspect
 import multiprocessing
+import os
+import socket
 import sys
 import uuid
-from multiprocessing import forkserver
+from multiprocessing import connection, forkserver, resource_tracker
 from pathlib import Path
 
 
 if __name__ == "__main__":
-    # Run as a script, not with -m: importing the course_lib package first would import
-    # torch before the fork server is started, and the two imports would run one after
-    # the other instead of side by side. Its own folder is not a place to import from.
+    # Run as a script (the launcher names its file); its own folder is not a place to
+    # import from: procs.py there would be found as a top-level module.
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if p and str(Path(p).resolve()) != here]
 
 
 def main(argv=None):
-    # The ranks are forked by a fork server: a process of its own, started here before
-    # anything else, that imports torch (and the worker) while this one does, and then
-    # forks each rank from that state. Not from this process: the agent runs threads
-    # (its rendezvous store's), and a fork taken while one of them holds a lock hands the
-    # rank a lock nobody will release (seen here: ranks stuck in init_process_group).
-    multiprocessing.set_forkserver_preload(["course_lib.runtime.worker",
-                                            "torch.distributed.elastic.multiprocessing.api"])
-    forkserver.ensure_running()
-
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    from course_lib.runtime import procs, worker
+    from course_lib.runtime import procs, worker  # noqa: F401 - the ranks' code, imported once
+
+    # The ranks are forked by a fork server, itself forked from this process now: torch
+    # and the worker are imported, and no thread of the agent's runs yet. Not from the
+    # agent later: it runs threads (its rendezvous store's), and a fork taken while one
+    # of them holds a lock hands the rank a lock nobody will release (seen here: ranks
+    # stuck in init_process_group).
+    _fork_server_from_here()
 
     *options, job_dir = sys.argv[1:] if argv is None else argv
     # torchrun's parser wants a program to run: the rank function stands in for it
@@ -64,6 +65,39 @@ def main(argv=None):
         # unless it is gone (a killed kernel): then the last process of the job does
         if not procs.launcher_alive(Path(job_dir)):
             procs.remove_folder(job_dir)
+
+
+def _fork_server_from_here():
+    """Start multiprocessing's fork server as a fork of this process, so that it holds
+    what this one imported: the fork server that multiprocessing starts is a new
+    interpreter, which would import torch a second time (a second of CPU per job, and a
+    class graded on 2 cores starts about 40 jobs). Where this Python's fork server does not
+    take the arguments it is written for, the usual one is started instead."""
+    server = forkserver._forkserver
+    parameters = list(inspect.signature(forkserver.main).parameters)
+    if parameters != ["listener_fd", "alive_r", "preload", "main_path", "sys_path"] or \
+            not hasattr(server, "_forkserver_alive_fd"):
+        multiprocessing.set_forkserver_preload(["course_lib.runtime.worker"])
+        forkserver.ensure_running()
+        return
+    resource_tracker.ensure_running()  # the ranks share this process's tracker
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        # the ranks hold the write end of "alive": the server ends when they all have
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(alive_w)
+                forkserver.main(listener.fileno(), alive_r, [])
+            finally:
+                os._exit(0)  # never this process's exit handlers: they are the agent's
+        os.close(alive_r)
+    server._forkserver_address, server._forkserver_alive_fd = address, alive_w
+    server._forkserver_pid = pid
 
 
 if __name__ == "__main__":

@@ -174,3 +174,8 @@ def test_the_generated_lab_is_what_students_get(tmp_path):
     lab = make_lab(mini_solution())
     assert "raise NotImplementedError('Exercise 0.3: ring shift')" in \
         lab.cells[CELL["ring_shift"]].source
+
+
+def test_every_lab_has_a_typical_grading_time_to_order_the_work_by():
+    labs = sorted(p.name[:2] for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(grade.TYPICAL_S) == labs

@@ -126,3 +126,20 @@ def test_a_tensor_subclass_that_answers_for_torch_is_refused_by_name():
     assert to_cpu({"w": torch.nn.Parameter(torch.ones(2))})["w"].tolist() == [1.0, 1.0]
     with pytest.raises(TypeError, match="Agreeable, a subclass of torch.Tensor"):
         to_cpu([torch.zeros(3).as_subclass(Agreeable)])
+
+
+def _fork_server_and_agent():
+    import psutil
+
+    server = psutil.Process(os.getppid())
+    return server.cmdline(), server.parent().cmdline(), server.parent().pid
+
+
+def test_a_cpu_jobs_ranks_come_from_a_fork_of_its_agent_which_imported_torch_once():
+    """The fork server is the agent forked once torch was imported (same command line),
+    not a second interpreter importing torch again (multiprocessing's own)."""
+    out = list(run(_fork_server_and_agent, nproc=2, backend="gloo", fresh=True))
+    server, agent, agent_pid = out[0]
+    assert out[1][2] == agent_pid  # both ranks forked by one server of one agent
+    assert any(part.endswith("runtime/agent.py") for part in agent), agent
+    assert server == agent, server
