@@ -10,7 +10,9 @@ student's. :func:`scan` parses them and reports, by cell:
 - assignments to attributes of course_lib, torch, ``sys``, ``builtins`` or
   ``importlib`` (``checks.expect_close = ...``, ``torch.testing.assert_close =
   ...``), including through names bound to them by an import, ``setattr`` /
-  ``delattr`` on them, and writes into their ``__dict__``;
+  ``delattr`` on them, and writes into their ``__dict__``; and anything kept on
+  another imported module (``collections.kept = type(model)``: a warm rank keeps it
+  for the next request);
 - a pass line (``✓ Exercise N.M``) written in the student's code, or a call of
   ``checks.passed``;
 - code or names built at run time (``exec``, ``eval``, ``compile``,
@@ -21,7 +23,8 @@ student's. :func:`scan` parses them and reports, by cell:
   it (:data:`BEHIND_THE_TEXT`): frames (``sys._getframe``, ``inspect.stack``),
   ``gc`` walks, ``sys.setprofile``/``settrace``, IPython's input transformers,
   AST transformers and custom exception handlers, ``__code__``/``__class__``/
-  ``__globals__`` assigned, ``__reduce__`` defined, Python started in a
+  ``__globals__`` assigned, ``__reduce__`` defined, a frame reached through a
+  traceback (``tb_frame``, ``f_back``), Python started in a
   subprocess, a course file's text read (``__file__``, ``inspect.getsource``), a
   function's insides read (``__globals__``, ``__code__``, ``__closure__``), code turned
   into bytes or rebuilt from them (``marshal``, ``pickle``, ``types.FunctionType``);
@@ -90,7 +93,11 @@ SWAPPED = {"__code__", "__class__", "__globals__", "__defaults__", "__kwdefaults
            "__closure__", "__bases__", "__dict__"}
 # attributes whose reading takes what a function or class holds, not what it does (the
 # library's code the judge ships runs beside the student's: its globals are there)
-INSIDES = {"__globals__", "__code__", "__closure__", "__wrapped__", "__subclasses__"}
+INSIDES = {"__globals__", "__code__", "__closure__", "__wrapped__", "__subclasses__",
+           "__defaults__", "__kwdefaults__"}
+# a frame reached without inspect or sys (through an exception's traceback, a generator)
+FRAMES = {"tb_frame", "f_back", "f_globals", "f_locals", "f_builtins", "gi_frame", "cr_frame",
+          "ag_frame"}
 # methods whose definition changes how an object travels or is rebuilt
 REBUILT = {"__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs__",
            "__getnewargs_ex__"}
@@ -238,6 +245,11 @@ def _findings(tree, lab, aliases):
                         verb = "deletes" if isinstance(node, ast.Delete) else "assigns to"
                         yield ast.dump(node), f"{verb} {path}"
                         break
+                    if path is not None and sub is target and isinstance(node, ast.Assign) \
+                            and isinstance(target, ast.Attribute):
+                        # a module outlives the request: what is kept there reaches later ones
+                        yield ast.dump(node), f"keeps something on a module ({path})"
+                        break
         elif isinstance(node, ast.Call):
             func = _dotted(node.func, aliases) or getattr(node.func, "id", None)
             if func in ("setattr", "delattr", "builtins.setattr", "builtins.delattr") and node.args:
@@ -283,6 +295,8 @@ def _behind_the_text(node, aliases):
     elif isinstance(node, ast.Attribute) and node.attr in INSIDES \
             and isinstance(node.ctx, ast.Load):
         yield ast.dump(node), f"reads a function's insides ({node.attr})"
+    elif isinstance(node, ast.Attribute) and node.attr in FRAMES:
+        yield ast.dump(node), f"inspects frames ({node.attr})"
     elif isinstance(node, ast.Attribute) and node.attr == "modules" \
             and _dotted(node, aliases) == "sys.modules":
         yield ast.dump(node), "reaches a module through sys.modules"

@@ -199,6 +199,12 @@ def test_tampering_is_flagged(source, flag):
     ("def take(model):\n    return type(model).forward.__globals__['Bucket']",
      "reads a function's insides (__globals__)"),
     ("keep = object.__subclasses__()", "reads a function's insides (__subclasses__)"),
+    ("def take(step):\n    return step.__defaults__[0]", "reads a function's insides (__defaults__)"),
+    ("import sys\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n    up = e.__traceback__.tb_frame.f_back",
+     "inspects frames (f_back)"),
+    # a warm rank outlives the request: kept on a module, it reaches a later item's
+    ("def train_step(model):\n    import collections\n    collections.kept = type(model)",
+     "keeps something on a module (collections.kept)"),
     ("import marshal\nblob = marshal.dumps(fn.__code__)", "turns code into bytes (marshal.dumps)"),
     ("import types\nf = types.FunctionType(code, globals())",
      "builds a function from a code object (types.FunctionType)"),
