@@ -10,8 +10,10 @@ judge keeps account, with one rule:
 - a request that carries an answer to an item not yet decided never runs in the
   student's own process (which lives as long as the notebook): it runs on ranks, one
   where it would have run in the process;
-- before such an item is decided, the judge ends every rank of the sandbox
-  (:meth:`.Sandbox.end_ranks`); its requests start on ranks that never held its answer.
+- before such an item's first request on ranks, the judge ends every rank of the
+  sandbox (:meth:`.Sandbox.end_ranks`): its requests run on ranks that never held its
+  answer. (An item graded in the student's process alone, 4.4's ``partition``, ends
+  nothing: that process never held an undecided answer.)
 
 An answer to an item already decided may stay where it went: it can credit nothing.
 
@@ -32,29 +34,26 @@ from course_lib.grading.shipping import _functions_of, answers_carried
 
 
 class Account:
-    """Which undecided items of a lab (``items``) have answers on the sandbox's ranks."""
+    """Which undecided items of a lab (``items``) have answers on the sandbox's ranks;
+    ``end_ranks()`` ends every rank of the sandbox."""
 
-    def __init__(self, items):
-        self.items, self.decided, self.held = tuple(items), set(), set()
+    def __init__(self, items, end_ranks):
+        self.items, self.end_ranks = tuple(items), end_ranks
+        self.decided, self.held = set(), set()
 
     def route(self, exercise, request, here_timeout=120.0):
         """``(request, unwrap)``: ``request`` as it runs for ``exercise`` (moved to one
         rank when it must not run in the student's process: ``unwrap`` then says to take
-        rank 0's answer)."""
+        rank 0's answer). The ranks end first when they may hold ``exercise``'s answer."""
         request, unwrap = given(exercise, request, here_timeout)
         held = answers_carried(request, self.items) - self.decided - {exercise}
         if held and request.kind == "here":
             request, unwrap = _on_one_rank(request, here_timeout), True
+        if request.kind == "ranks" and exercise in self.held:
+            self.end_ranks()
+            self.held.clear()
         self.held |= held
         return request, unwrap
-
-    def must_end_ranks(self, exercise):
-        """Whether the ranks must end before ``exercise`` is decided (then they are
-        assumed ended: nothing is held any more)."""
-        if exercise not in self.held:
-            return False
-        self.held.clear()
-        return True
 
 
 def given(exercise, request, here_timeout=120.0):

@@ -112,7 +112,8 @@ class _Run:
         self.source = Source([(i, c.source) for i, c in enumerate(nb.cells)
                               if c.cell_type == "code" and c.get("id") not in checks_by_id])
         self.results, self.timed_out = {}, []
-        self.account = apart.Account(lab.exercise_ids)  # answers sent, items not decided
+        # answers sent by value to items not yet decided (ended before those items run)
+        self.account = apart.Account(lab.exercise_ids, sandbox.end_ranks)
 
     def left(self):
         left = self.deadline - time.monotonic()
@@ -180,8 +181,6 @@ class _Run:
             return self.ask(message, timeout, index)
 
         seed = hidden_settings.seed(*self.hidden, fn.exercise) if self.hidden else None
-        if self.account.must_end_ranks(fn.exercise):  # they may hold its answer
-            self.sandbox.end_ranks()
         try:
             return judge_check(fn, names, options, ask, self.source, index,
                                here_timeout=self.cell_timeout, seed=seed,

@@ -105,7 +105,8 @@ def test_an_answer_to_an_item_not_yet_decided_keeps_its_request_off_the_students
     from course_lib.grading.requests import Student, call_each, here, on_ranks
 
     items = _exercises(ROOT / "solutions" / "02_ddp.ipynb")
-    account = apart.Account(items)
+    ended = []
+    account = apart.Account(items, lambda: ended.append(True))
     # 2.4's request trains the library's DDP: it carries answers to 2.2, 2.3 and 2.6
     training = on_ranks(jobs.accumulate, Student("train_step"), 2, nproc=2)
     assert {"Exercise 2.2", "Exercise 2.3", "Exercise 2.6"} <= \
@@ -113,11 +114,16 @@ def test_an_answer_to_an_item_not_yet_decided_keeps_its_request_off_the_students
     account.decided |= {"Exercise 2.1", "Exercise 2.2", "Exercise 2.3"}
     assert account.route("Exercise 2.4", training) == (training, False)
     assert account.held == {"Exercise 2.6"}  # 2.2 and 2.3 are decided: nothing to keep
-    assert not account.must_end_ranks("Exercise 2.5")
     # a request in the student's process that would carry it goes to one rank instead
     moved, unwrap = account.route("Exercise 2.5", here(jobs.accumulate, Student("f"), 2))
     assert (moved.kind, moved.nproc, unwrap) == ("ranks", 1, True)
     plain = here(call_each, len, [])
     assert account.route("Exercise 2.5", plain) == (plain, False)  # carries nothing
-    assert account.must_end_ranks("Exercise 2.6") and account.held == set()
-    assert not account.must_end_ranks("Exercise 2.6")
+    assert ended == []
+    # 2.6 in the student's process: that process never held its answer
+    assert account.route("Exercise 2.6", plain) == (plain, False) and ended == []
+    # 2.6 on ranks: those ranks may hold it, they end first (once)
+    ranks = on_ranks(call_each, len, [], nproc=2)
+    account.route("Exercise 2.6", ranks)
+    account.route("Exercise 2.6", ranks)
+    assert ended == [True] and account.held == set()
