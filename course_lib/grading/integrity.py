@@ -20,7 +20,7 @@ student's. :func:`scan` parses them and reports, by cell:
   with a computed name): the judge's reading of the source
   (:mod:`~course_lib.grading.source`) cannot follow them, so a person should;
 - code that makes what runs differ from what the notebook says, or looks behind
-  it (:data:`BEHIND_THE_TEXT`): frames (``sys._getframe``, ``inspect.stack``),
+  it (:mod:`.behind_text`): frames (``sys._getframe``, ``inspect.stack``),
   ``gc`` walks, ``sys.setprofile``/``settrace``, IPython's input transformers,
   AST transformers and custom exception handlers, ``__code__``/``__class__``/
   ``__globals__`` assigned, ``__reduce__`` defined, a frame reached through a
@@ -44,6 +44,7 @@ import importlib
 import types
 
 from course_lib.grading import ids
+from course_lib.grading.behind_text import behind_the_text, dotted as _dotted
 from course_lib.grading.references import reference_modules, references
 
 PASS_TEXTS = ids.PASS_TEXTS  # "✓ Exercise", "✓ Prediction"
@@ -52,55 +53,6 @@ RUN_TIME_CODE = {"exec", "eval", "compile", "builtins.exec", "builtins.eval", "b
 # a call whose argument at this position names something: flagged when it is computed
 RUN_TIME_NAMES = {"getattr": 1, "builtins.getattr": 1, "importlib.import_module": 0}
 PROTECTED_ROOTS = ("course_lib", "torch", "sys", "builtins", "importlib")
-# calls that look behind the notebook's text or change what runs: flagged for a person
-BEHIND_THE_TEXT = {
-    "sys._getframe": "inspects frames", "sys._current_frames": "inspects frames",
-    "inspect.currentframe": "inspects frames", "inspect.stack": "inspects frames",
-    "inspect.trace": "inspects frames", "inspect.getouterframes": "inspects frames",
-    "inspect.getsource": "reads source code", "inspect.getsourcefile": "reads source code",
-    "inspect.getfile": "reads source code",
-    "gc.get_objects": "walks gc", "gc.get_referrers": "walks gc", "gc.get_referents": "walks gc",
-    "sys.settrace": "hooks the tracer", "sys.setprofile": "hooks the profiler",
-    "threading.settrace": "hooks the tracer", "threading.setprofile": "hooks the profiler",
-    "sys.addaudithook": "hooks the interpreter", "sys.monitoring.register_callback":
-    "hooks the interpreter", "sys.monitoring.use_tool_id": "hooks the interpreter",
-    "subprocess.run": "starts a process", "subprocess.Popen": "starts a process",
-    "subprocess.call": "starts a process", "subprocess.check_call": "starts a process",
-    "subprocess.check_output": "starts a process", "os.system": "starts a process",
-    "os.popen": "starts a process", "os.execv": "starts a process",
-    "os.execvp": "starts a process", "os.spawnv": "starts a process",
-    "multiprocessing.Process": "starts a process", "ctypes.pythonapi": "reaches into CPython",
-    # the instruments a check reads (a FLOP counter, a log of operations) are per thread
-    "threading.Thread": "runs code in another thread",
-    "concurrent.futures.ThreadPoolExecutor": "runs code in another thread",
-    # code carried from one process or request to another, around what the judge sends
-    "marshal.loads": "rebuilds code from bytes", "marshal.load": "rebuilds code from bytes",
-    "marshal.dumps": "turns code into bytes", "marshal.dump": "turns code into bytes",
-    "types.FunctionType": "builds a function from a code object",
-    "types.CodeType": "builds a code object", "cloudpickle.dumps": "turns code into bytes",
-    "cloudpickle.loads": "rebuilds code from bytes", "pickle.loads": "rebuilds objects from bytes",
-    "pickle.load": "rebuilds objects from bytes", "dill.dumps": "turns code into bytes",
-    "dill.loads": "rebuilds code from bytes",
-    # a module named by a string: the judge's reading of the source follows names only
-    "importlib.import_module": "imports a module named by a string",
-    "importlib.__import__": "imports a module named by a string",
-}
-# IPython's hooks on what a cell runs or what its error shows
-IPYTHON_HOOKS = {"input_transformers_cleanup", "input_transformers_post", "ast_transformers",
-                 "set_custom_exc", "register_magic_function", "events"}
-# attributes whose assignment swaps what an object is or what a function runs
-SWAPPED = {"__code__", "__class__", "__globals__", "__defaults__", "__kwdefaults__",
-           "__closure__", "__bases__", "__dict__"}
-# attributes whose reading takes what a function or class holds, not what it does (the
-# library's code the judge ships runs beside the student's: its globals are there)
-INSIDES = {"__globals__", "__code__", "__closure__", "__wrapped__", "__subclasses__",
-           "__defaults__", "__kwdefaults__"}
-# a frame reached without inspect or sys (through an exception's traceback, a generator)
-FRAMES = {"tb_frame", "f_back", "f_globals", "f_locals", "f_builtins", "gi_frame", "cr_frame",
-          "ag_frame"}
-# methods whose definition changes how an object travels or is rebuilt
-REBUILT = {"__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs__",
-           "__getnewargs_ex__"}
 GRADER_MODULES = ("course_lib.grading.integrity", "course_lib.grading.gradebook",
                   "course_lib.grading.submissions", "course_lib.grading.judge",
                   "course_lib.grading.sandbox", "course_lib.submission.collector",
@@ -153,22 +105,6 @@ def _aliases(tree, into):
                 if alias.name != "*":
                     into[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return into
-
-
-def _dotted(node, aliases):
-    """``checks.expect_close`` -> "course_lib.grading.checks.expect_close" (None when
-    the chain does not start with a name)."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars" \
-            and node.args:
-        return _dotted(node.args[0], aliases)
-    if not isinstance(node, ast.Name):
-        return None
-    root = "builtins" if node.id == "__builtins__" else aliases.get(node.id)
-    return ".".join([root, *reversed(parts)]) if root else None
 
 
 def _protected(path):
@@ -265,57 +201,7 @@ def _findings(tree, lab, aliases):
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and any(text in node.value for text in PASS_TEXTS):
             yield ast.dump(node), f"writes a pass line ({node.value.strip()[:60]!r})"
-        yield from _behind_the_text(node, aliases)
-
-
-def _behind_the_text(node, aliases):
-    """Door 6: what makes the code that runs differ from the notebook's text, or reads
-    what the grader keeps (frames, gc, hooks, swapped code, course files)."""
-    if isinstance(node, ast.Call):
-        func = _dotted(node.func, aliases)
-        if func in BEHIND_THE_TEXT:
-            yield ast.dump(node), f"{BEHIND_THE_TEXT[func]} ({func})"
-        elif func and func.split(".")[0] == "ctypes":
-            yield ast.dump(node), f"reaches into CPython ({func})"
-    paths = []
-    if isinstance(node, ast.Attribute):
-        paths = [_dotted(node, aliases) or ""]
-    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-        paths = [f"{node.module}.{alias.name}" for alias in node.names]
-    elif isinstance(node, ast.Import):
-        paths = [alias.name for alias in node.names]
-    for path in paths:
-        parts = path.split(".")
-        private = next((i for i, part in enumerate(parts) if _private(part)), None)
-        if parts[0] in ("course_lib", "torch") and private is not None:
-            reached = ".".join(parts[:private + 1])  # one line however deep the path goes
-            yield f"private:{reached}", f"reaches beneath the instruments ({reached})"
-    if isinstance(node, ast.Attribute) and node.attr in IPYTHON_HOOKS:
-        yield ast.dump(node), f"hooks IPython ({node.attr})"
-    elif isinstance(node, ast.Attribute) and node.attr in INSIDES \
-            and isinstance(node.ctx, ast.Load):
-        yield ast.dump(node), f"reads a function's insides ({node.attr})"
-    elif isinstance(node, ast.Attribute) and node.attr in FRAMES:
-        yield ast.dump(node), f"inspects frames ({node.attr})"
-    elif isinstance(node, ast.Attribute) and node.attr == "modules" \
-            and _dotted(node, aliases) == "sys.modules":
-        yield ast.dump(node), "reaches a module through sys.modules"
-    elif isinstance(node, ast.Attribute) and node.attr == "__file__":
-        path = _dotted(node.value, aliases) or ""
-        if path.split(".")[0] in ("course_lib", "torch"):
-            yield ast.dump(node), f"reads a course file's path ({path}.__file__)"
-    elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in targets:
-            if isinstance(target, ast.Attribute) and target.attr in SWAPPED:
-                yield ast.dump(node), f"swaps {target.attr} (what runs is not what the text says)"
-    elif isinstance(node, ast.FunctionDef) and node.name in REBUILT:
-        yield ast.dump(node), f"defines {node.name} (how an object travels)"
-
-
-def _private(name):
-    """``_active``, ``_C``: a name a module keeps to itself (not a dunder)."""
-    return name.startswith("_") and not name.endswith("__")
+        yield from behind_the_text(node, aliases)
 
 
 def scan(student_cells, lab_sources, exercises):
