@@ -15,6 +15,10 @@ BEHIND_THE_TEXT = {
     "inspect.trace": "inspects frames", "inspect.getouterframes": "inspects frames",
     "inspect.getsource": "reads source code", "inspect.getsourcefile": "reads source code",
     "inspect.getfile": "reads source code",
+    # what a shipped function was built with: its defaults, the globals its code names
+    "inspect.signature": "reads a function's insides",
+    "inspect.getclosurevars": "reads a function's insides",
+    "inspect.getfullargspec": "reads a function's insides",
     "gc.get_objects": "walks gc", "gc.get_referrers": "walks gc", "gc.get_referents": "walks gc",
     "sys.settrace": "hooks the tracer", "sys.setprofile": "hooks the profiler",
     "threading.settrace": "hooks the tracer", "threading.setprofile": "hooks the profiler",

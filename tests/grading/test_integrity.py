@@ -200,6 +200,8 @@ def test_tampering_is_flagged(source, flag):
      "reads a function's insides (__globals__)"),
     ("keep = object.__subclasses__()", "reads a function's insides (__subclasses__)"),
     ("def take(step):\n    return step.__defaults__[0]", "reads a function's insides (__defaults__)"),
+    ("import inspect\ndef take(unit):\n    return inspect.signature(type(unit)).parameters",
+     "reads a function's insides (inspect.signature)"),
     ("import sys\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n    up = e.__traceback__.tb_frame.f_back",
      "inspects frames (f_back)"),
     # a warm rank outlives the request: kept on a module, it reaches a later item's
