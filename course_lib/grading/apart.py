@@ -5,15 +5,15 @@ A check's request may carry library answers by value (:mod:`.shipping`): Exercis
 2.4's trains the library's DDP, and with it Bucket, the answer to 2.6. The student's
 code runs beside it, and a warm rank outlives the request: code that put ``type(x)``
 on some module there could find it again when 2.6 is graded on the same rank. So the
-judge keeps account, with one rule:
+judge keeps account:
 
 - a request that carries an answer to an item not yet decided never runs in the
   student's own process (which lives as long as the notebook): it runs on ranks, one
   where it would have run in the process;
-- before such an item's first request on ranks, the judge ends every rank of the
-  sandbox (:meth:`.Sandbox.end_ranks`): its requests run on ranks that never held its
-  answer. (An item graded in the student's process alone, 4.4's ``partition``, ends
-  nothing: that process never held an undecided answer.)
+- once the item whose request it was is decided, and before any other request in the
+  student's process, the judge ends every rank of the sandbox
+  (:meth:`.Sandbox.end_ranks`): the student's cells, which may start jobs of their own
+  on the same warm ranks, never run while a rank holds an undecided answer.
 
 An answer to an item already decided may stay where it went: it can credit nothing.
 
@@ -34,8 +34,8 @@ from course_lib.grading.shipping import _functions_of, answers_carried
 
 
 class Account:
-    """Which undecided items of a lab (``items``) have answers on the sandbox's ranks;
-    ``end_ranks()`` ends every rank of the sandbox."""
+    """Which items of a lab (``items``) not yet decided have answers on the sandbox's
+    ranks; ``end_ranks()`` ends every rank of the sandbox."""
 
     def __init__(self, items, end_ranks):
         self.items, self.end_ranks = tuple(items), end_ranks
@@ -44,16 +44,27 @@ class Account:
     def route(self, exercise, request, here_timeout=120.0):
         """``(request, unwrap)``: ``request`` as it runs for ``exercise`` (moved to one
         rank when it must not run in the student's process: ``unwrap`` then says to take
-        rank 0's answer). The ranks end first when they may hold ``exercise``'s answer."""
+        rank 0's answer). Before the student's process runs anything of theirs while
+        ranks hold an answer, those ranks end: its code could fetch the answer from them
+        (``run`` brings back what a rank returns, by value)."""
         request, unwrap = given(exercise, request, here_timeout)
-        held = answers_carried(request, self.items) - self.decided - {exercise}
+        held = answers_carried(request, self.items) - self.decided
         if held and request.kind == "here":
             request, unwrap = _on_one_rank(request, here_timeout), True
-        if request.kind == "ranks" and exercise in self.held:
-            self.end_ranks()
-            self.held.clear()
+        if request.kind == "here":
+            self.settle()
         self.held |= held
         return request, unwrap
+
+    def decide(self, exercise):
+        """``exercise`` is decided; the student's cells run next: nothing stays held."""
+        self.decided.add(exercise)
+        self.settle()
+
+    def settle(self):
+        if self.held:
+            self.end_ranks()
+            self.held.clear()
 
 
 def given(exercise, request, here_timeout=120.0):

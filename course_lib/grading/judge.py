@@ -186,7 +186,7 @@ class _Run:
                                here_timeout=self.cell_timeout, seed=seed,
                                route=self.account.route)
         finally:
-            self.account.decided.add(fn.exercise)
+            self.account.decide(fn.exercise)
 
 
 class _Timeout(Exception):

@@ -258,11 +258,22 @@ class Sandbox:
         """End every process the collector started (its ranks, warm or not, and anything
         else), keeping the collector: nothing that ran there is there for the next
         request, whatever the collector's own code was made to do. Its next job starts
-        anew (a warm job found dead is replaced)."""
-        ended = []
-        for proc in self._processes():
+        anew (a warm job found dead is replaced). The collector is the first process of
+        the sandbox whose parent is not one (a process the student's code started under
+        the collector's name, or one orphaned to the sandbox's init, came later)."""
+        found = sorted(self._processes(), key=_started)
+        pids = {proc.pid for proc in found}
+        tops = []
+        for proc in found:
             try:
-                if COLLECTOR not in " ".join(proc.cmdline()):
+                if proc.ppid() not in pids:
+                    tops.append(proc)
+            except psutil.Error:
+                continue
+        ended = []
+        for proc in found:
+            try:
+                if not tops or proc != tops[0]:
                     proc.kill()
                     ended.append(proc)
             except psutil.Error:
@@ -314,3 +325,11 @@ class Sandbox:
         if self._hiding:
             shutil.rmtree(self._hiding, ignore_errors=True)
         return killed
+
+
+def _started(proc):
+    try:
+        return proc.create_time(), proc.pid
+    except psutil.Error:
+        return float("inf"), proc.pid
+

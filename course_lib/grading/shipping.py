@@ -219,6 +219,8 @@ def _answered_by(exercises):
             module, _, qualname = entry.partition(":")
             if module.startswith("course_lib."):
                 obj = getattr(importlib.import_module(module), qualname.split(".")[0], None)
-                if obj is not None:
-                    found.setdefault(id(obj), set()).add(item)
+                # a class's code travels method by method too (a bound method, a partial)
+                parts = [obj, *_functions_of(obj)] if isinstance(obj, type) else [obj]
+                for part in parts if obj is not None else ():
+                    found.setdefault(id(part), set()).add(item)
     return found

@@ -202,6 +202,11 @@ def test_tampering_is_flagged(source, flag):
     ("def take(step):\n    return step.__defaults__[0]", "reads a function's insides (__defaults__)"),
     ("import inspect\ndef take(unit):\n    return inspect.signature(type(unit)).parameters",
      "reads a function's insides (inspect.signature)"),
+    # a class sent by value, written to a file on a rank and read back in another process
+    ("from course_lib.runtime import pickling\nblob = pickling.dumps(type(model))",
+     "turns code into bytes (course_lib.runtime.pickling.dumps)"),
+    ("import torch\nkept = torch.load('/tmp/kept.pt', weights_only=False)",
+     "rebuilds objects from bytes (torch.load, weights_only=False)"),
     ("import sys\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n    up = e.__traceback__.tb_frame.f_back",
      "inspects frames (f_back)"),
     # a warm rank outlives the request: kept on a module, it reaches a later item's

@@ -116,6 +116,31 @@ def test_closing_ends_the_collector_its_ranks_and_what_they_started(tmp_path):
     assert box._processes() == []
 
 
+@pytest.mark.parametrize("sandboxed", [pytest.param(True, marks=NEEDS_BWRAP), False])
+def test_ending_the_ranks_keeps_the_collector_and_nothing_that_looks_like_it(tmp_path,
+                                                                             sandboxed):
+    box = Sandbox(tmp_path / "work", sandboxed=sandboxed)
+    try:
+        box.ask({"op": "cell", "source":
+                 "import subprocess, sys\n"
+                 "from course_lib import run\n"
+                 "# under the collector's name, and an orphan handed to the sandbox's init\n"
+                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)',\n"
+                 "                  '-m', 'course_lib.submission.collector'])\n"
+                 "subprocess.Popen(['sh', '-c', 'sleep 600 & exit 0'])\n"
+                 "print(run(lambda: 1, nproc=2))"}, 180)
+        before = box._processes()
+        assert len(before) >= 6, before  # collector, two look-alikes, torchrun, two ranks
+        box.end_ranks()
+        left = box._processes()
+        assert len(left) == 1 and "course_lib.submission.collector" in " ".join(
+            left[0].cmdline()), left
+        assert "alive" in box.ask({"op": "cell", "source": "print('alive')"}, 60)[
+            "outputs"][-1]["text"]
+    finally:
+        box.close()
+
+
 def test_the_fallback_can_be_asked_for(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_SANDBOX", "0")
     assert sandboxing.sandbox_available() is False
