@@ -10,10 +10,14 @@ judge keeps account:
 - a request that carries an answer to an item not yet decided never runs in the
   student's own process (which lives as long as the notebook): it runs on ranks, one
   where it would have run in the process;
-- once the item whose request it was is decided, and before any other request in the
-  student's process, the judge ends every rank of the sandbox
-  (:meth:`.Sandbox.end_ranks`): the student's cells, which may start jobs of their own
-  on the same warm ranks, never run while a rank holds an undecided answer.
+- once the item whose request it was is decided, the judge ends every rank of the
+  sandbox (:meth:`.Sandbox.end_ranks`): the student's cells, which may start jobs of
+  their own on the same warm ranks, never run while a rank holds an undecided answer.
+
+Not covered: the student's function called in their own process by a later request of
+the same item (none of today's checks sends such a request after one that carries an
+answer), and an item's own answer carried by its own requests (3.6, 3.7, 4.3, 5.4,
+8.4, 8.5: within the student's reach only through code the integrity scan flags).
 
 An answer to an item already decided may stay where it went: it can credit nothing.
 
@@ -44,20 +48,18 @@ class Account:
     def route(self, exercise, request, here_timeout=120.0):
         """``(request, unwrap)``: ``request`` as it runs for ``exercise`` (moved to one
         rank when it must not run in the student's process: ``unwrap`` then says to take
-        rank 0's answer). Before the student's process runs anything of theirs while
-        ranks hold an answer, those ranks end: its code could fetch the answer from them
-        (``run`` brings back what a rank returns, by value)."""
+        rank 0's answer)."""
         request, unwrap = given(exercise, request, here_timeout)
-        held = answers_carried(request, self.items) - self.decided
+        held = answers_carried(request, self.items) - self.decided - {exercise}
         if held and request.kind == "here":
             request, unwrap = _on_one_rank(request, here_timeout), True
-        if request.kind == "here":
-            self.settle()
         self.held |= held
         return request, unwrap
 
     def decide(self, exercise):
-        """``exercise`` is decided; the student's cells run next: nothing stays held."""
+        """``exercise`` is decided; the student's cells run next, and a cell's own ``run``
+        could fetch an answer from a warm rank (it brings back what a rank returns, by
+        value): nothing stays held."""
         self.decided.add(exercise)
         self.settle()
 
