@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import multiprocessing
 import os
 import re
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +141,19 @@ def grade_file(student, path, name, labs, settings):
 
 
 # ---- the class -------------------------------------------------------------------------------
+def _judges(jobs):
+    """Where the notebooks are judged: one thread for ``jobs`` = 1, else ``jobs`` processes.
+
+    Two judges never share an interpreter: CPython 3.11 keeps the AST constructor's
+    recursion count per interpreter, so two threads parsing at once (a judge reading its
+    cells, ``traceback`` placing a caret) can fail with "AST constructor recursion depth
+    mismatch" (python/cpython gh-106905). Spawned, not forked: torch's OpenMP pool does
+    not survive a fork of a process that used it."""
+    if jobs <= 1:
+        return ThreadPoolExecutor(max_workers=1)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
 def _inside(path, folder):
     try:
         Path(path).resolve().relative_to(Path(folder).resolve())
@@ -192,12 +206,17 @@ def gradebook(folder, solutions="solutions", out="gradebook.csv", files=None, ti
         book.add(student, [])
     progress = Progress(len(tasks))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(grade_file, student, path, name, labs, settings)
-                       for student, path, name in tasks]
+        with _judges(jobs) as pool:
+            futures = {pool.submit(grade_file, *task, labs, settings): task for task in tasks}
             try:
                 for future in as_completed(futures):
-                    graded = future.result()
+                    try:
+                        graded = future.result()
+                    except Exception as exc:  # noqa: BLE001 - a judge process that died
+                        student, path, name = futures[future]
+                        graded = Graded(student, name, lab_of.get(path) or None, status="error",
+                                        detail=f"the judge stopped: {type(exc).__name__}: "
+                                               f"{exc}"[:300])
                     progress.update(graded)
                     done[graded.student].append(graded)
                     if len(done[graded.student]) == pending[graded.student]:

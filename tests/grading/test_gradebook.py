@@ -28,7 +28,8 @@ def graded(tmp_path_factory):
     put(subs / "mallory" / "mine.ipynb",
         edited(lab, check02="print('✓ Exercise 0.2 passed')"))
     out = root / "grades" / "gradebook.csv"
-    assert grade.main([str(subs), "--solutions", str(solutions), "--out", str(out)]) == 0
+    assert grade.main([str(subs), "--solutions", str(solutions), "--out", str(out),
+                       "--jobs", "2"]) == 0
     return {"rows": rows_of(out), "out": out.parent,
             "details": list(csv.DictReader((out.parent / "gradebook.details.csv").open()))}
 
@@ -49,6 +50,17 @@ def test_one_row_per_student_a_column_per_exercise(graded):
     assert messages[("bob", "Exercise 0.3")] == (
         "fail", "Exercise 0.3 is not implemented yet: replace the `raise NotImplementedError` "
                 "in its code cell with your solution, run that cell, then this one.")
+
+
+def test_two_judges_never_share_an_interpreter():
+    """With --jobs above 1 each judge is a process of its own (CPython 3.11's AST
+    constructor is not safe across threads: gh-106905), spawned rather than forked."""
+    import os
+
+    with grade._judges(2) as pool:
+        pids = {pool.submit(os.getpid).result() for _ in range(4)}
+        assert pool._mp_context.get_start_method() == "spawn"
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
 
 
 def test_checks_only_runs_what_the_checks_need_and_keeps_the_notebook_as_it_ran(graded):
