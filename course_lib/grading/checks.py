@@ -37,64 +37,14 @@ import threading
 import cloudpickle
 import torch
 
-from course_lib.grading import ids
 from course_lib.submission import plain
 from course_lib.grading.requests import (Request, execute, inspect_objects, interpret,
                                          not_implemented)
+from course_lib.grading.outcomes import (CheckFailed, _key, _outcomes, _record,  # noqa: F401
+                                         outcome, ready)
 from course_lib.grading.stubs import is_stub
 
 PASS_MARK = "✓"
-
-# ---- which exercises passed their check in this process ------------------------------------
-# exercise -> "passed", "failed" or "checking" (a check started and has not passed: it
-# raised something other than CheckFailed, or was interrupted; cells run one at a time).
-_outcomes: dict = {}
-_outcomes_lock = threading.Lock()
-_key = ids.normalize
-
-
-def _record(exercise, outcome):
-    if exercise:
-        with _outcomes_lock:
-            _outcomes[_key(exercise)] = outcome
-
-
-def outcome(exercise):
-    """How the last check of ``exercise`` in this process ended: ``"passed"``,
-    ``"failed"``, ``"checking"`` (started, never passed: it raised or was
-    interrupted) or None (never checked)."""
-    with _outcomes_lock:
-        return _outcomes.get(_key(exercise))
-
-
-def ready(exercise):
-    """May a measurement cell run the student's code for ``exercise``? True when its
-    last check in this kernel passed, or when it was never checked here (silently);
-    False, after printing one line saying so, when that check failed."""
-    state = outcome(exercise)
-    if state in (None, "passed"):
-        return True
-    print(f"{_key(exercise)} did not pass its check in this kernel: skipping this "
-          f"measurement; fix it and run its check cell again")
-    return False
-
-
-class CheckFailed(AssertionError):
-    """The student's code ran but gave a wrong answer (or hung, or crashed).
-    ``.exercise`` is the exercise it is about (given, or read from the message's
-    leading "Exercise N.M"); creating one records a failure of that exercise.
-    After a hang, ``.stacks`` holds every rank's untrimmed stack dump and
-    ``.diagnosis`` the :class:`~course_lib.runtime.hangs.HangDiagnosis`."""
-
-    stacks = None
-    diagnosis = None
-
-    def __init__(self, message="", *args, exercise=None):
-        super().__init__(message, *args)
-        found = ids.IN_MESSAGE.match(str(message))
-        self.exercise = _key(exercise) if exercise else (found.group(1) if found else None)
-        _record(self.exercise, "failed")
-
 
 def _not_implemented(exercise):
     return not_implemented(exercise)

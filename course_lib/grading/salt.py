@@ -12,7 +12,7 @@ nothing the notebook shows is the answer::
     @checks.check("Exercise 2.1", hidden=salt.draw)
     def check_average_gradients(average_gradients, world_sizes=(1, 2, 3)): ...
 
-In the judge the salt is per thread (the gradebook grades two notebooks at once);
+In the judge the salt is per thread (a check run beside another in one process);
 a request carries it to the student's process and ranks (:func:`carried`), where it
 holds for that request only. With no salt set, seeding is torch's own.
 """

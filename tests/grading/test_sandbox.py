@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import sandbox as sandboxing
+from course_lib.grading import bwrap
 from course_lib.grading.sandbox import Sandbox, SandboxError
 
 ROOT = Path(__file__).resolve().parents[2]
-NEEDS_BWRAP = pytest.mark.skipif(not sandboxing.bwrap_works(),
+NEEDS_BWRAP = pytest.mark.skipif(not bwrap.bwrap_works(),
                                  reason="bwrap is missing or cannot create namespaces here")
 
 
@@ -143,13 +143,13 @@ def test_ending_the_ranks_keeps_the_collector_and_nothing_that_looks_like_it(tmp
 
 def test_the_fallback_can_be_asked_for(monkeypatch):
     monkeypatch.setenv("COURSE_LIB_SANDBOX", "0")
-    assert sandboxing.sandbox_available() is False
+    assert bwrap.sandbox_available() is False
     monkeypatch.setenv("COURSE_LIB_SANDBOX", "1")
-    if sandboxing.bwrap_works():
-        assert sandboxing.sandbox_available() is True
+    if bwrap.bwrap_works():
+        assert bwrap.sandbox_available() is True
     else:
         with pytest.raises(RuntimeError, match="install Debian's bubblewrap"):
-            sandboxing.sandbox_available()
+            bwrap.sandbox_available()
     assert os.environ["COURSE_LIB_SANDBOX"] == "1"
 
 
