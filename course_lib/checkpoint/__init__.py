@@ -25,7 +25,8 @@
 from course_lib.checkpoint.async_save import AsyncCheckpointer
 from course_lib.checkpoint.boxes import ShardedTensor, boxes_of_flat_range, byte_ranges, overlap
 from course_lib.checkpoint.files import CheckpointError
-from course_lib.checkpoint.goodput import expected_goodput, goodput_sweep, simulate, young_interval
+from course_lib.checkpoint.goodput import (daly_interval, expected_goodput, goodput_sweep, simulate,
+                                           young_interval)
 from course_lib.checkpoint.load import consolidate, load
 from course_lib.checkpoint.meta_init import LiveBytes, materialize, meta_fsdp, meta_gpt, meta_tp
 from course_lib.checkpoint.pipeline import latest_complete, load_stages, save_stage
@@ -40,4 +41,4 @@ __all__ = ["ShardedTensor", "boxes_of_flat_range", "overlap", "byte_ranges", "sa
            "materialize",
            "meta_fsdp", "meta_tp", "DataCursor", "training_state", "restore_training_state",
            "resume_latest",
-           "young_interval", "expected_goodput", "simulate", "goodput_sweep"]
+           "young_interval", "daly_interval", "expected_goodput", "simulate", "goodput_sweep"]

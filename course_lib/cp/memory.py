@@ -1,5 +1,5 @@
 """The activation memory of attention: what autograd keeps from forward to backward
-(Lab 07, Prediction 7.2).
+(Lab 07, Prediction 7.1).
 
 A layer's activations are the tensors its forward saves for its backward; they live
 until the backward runs, one set per layer, so with L layers they are what grows with

@@ -45,7 +45,13 @@ from course_lib.cp.blockwise import attention_with_lse, chunk_positions, merge
 
 
 def _pieces(group, owner, causal, layout, s_local):
-    """The parts of the block of ``owner`` that this rank's queries see: a list of
+    """:func:`pieces_seen` for this rank of ``group``."""
+    return pieces_seen(dist.get_world_size(group), dist.get_rank(group), owner, causal,
+                       layout, s_local)
+
+
+def pieces_seen(n, r, owner, causal, layout, s_local):
+    """The parts of the block of ``owner`` that rank ``r`` of ``n``'s queries see: a list of
     (query rows, key rows, diagonal), rows as slices of the local chunk, empty if no
     query sees any key. Each layout's chunk is made of equal parts (one for contiguous,
     two for zigzag), each a chunk of the sequence, so under a causal mask a part of the
@@ -55,7 +61,6 @@ def _pieces(group, owner, causal, layout, s_local):
     one rectangle, half of it."""
     if not causal:
         return [(slice(0, s_local), slice(0, s_local), False)]
-    n, r = dist.get_world_size(group), dist.get_rank(group)
     parts = 1 if layout == "contiguous" else 2
     size = s_local // parts
     q_pos = chunk_positions(r, n, n * s_local, layout)
@@ -88,7 +93,7 @@ def _joined(pieces):
     return pieces
 
 
-def _scores(pieces):
+def piece_scores(pieces):
     """The query-key scores the pieces compute (a diagonal one counts its whole square)."""
     return sum((p[0].stop - p[0].start) * (p[1].stop - p[1].start) for p in pieces)
 
@@ -138,7 +143,7 @@ def ring_forward(q, k, v, group, causal, layout):
         pending = _pass_right(kv, group) if t < n - 1 else None  # under this block's compute
         pieces = _pieces(group, owner, causal, layout, q.shape[-2])
         if pieces:
-            with trace.span(f"attention block {owner}", "compute", scores=_scores(pieces)):
+            with trace.span(f"attention block {owner}", "compute", scores=piece_scores(pieces)):
                 for rows, cols, diagonal in pieces:
                     o, l = _block_forward(kernel, q[..., rows, :], kv[0][..., cols, :],
                                           kv[1][..., cols, :], diagonal, acc)
@@ -197,7 +202,7 @@ def ring_backward(q, k, v, out, lse, grad_out, group, causal, layout):
         pieces = _pieces(group, owner, causal, layout, q.shape[-2])
         if pieces:
             with trace.span(f"attention backward block {owner}", "compute",
-                            scores=_scores(pieces)):
+                            scores=piece_scores(pieces)):
                 _block_backward(kernel, q, kv, out, lse, grad_out, delta, pieces, dq, dkv)
         if behind is not None:  # what the ranks before this one added to this block
             behind[0].wait()

@@ -1,5 +1,5 @@
 """Bytes one rank sends in the forward pass of one layer, for the three ways Lab 07
-compares of spreading a batch's tokens over n ranks (Prediction 7.1).
+compares of spreading a batch's tokens over n ranks (Prediction 7.2).
 
 A batch of b sequences of s tokens of width h, fp32 (4 bytes an element), n ranks:
 

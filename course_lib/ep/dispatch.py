@@ -6,7 +6,8 @@ read token-major (a = t k + j). Dispatch sorts the kept ones by expert (token or
 within an expert) so that each expert's rows, and each rank's, are contiguous:
 
 - ``order``: the kept assignments' indices a, grouped by expert; an expert keeps its
-  first ``capacity`` assignments in token order (Switch: first come, first served);
+  first ``capacity`` assignments in assignment order (token by token, a token's choices
+  best first; production layers serve all first choices first, which differs for k > 1);
 - ``counts``: the rows for each rank, expert e living on rank e // (E / n).
 
 Rows go out as ``tokens[order // k]``; the experts answer row for row; combine applies

@@ -4,15 +4,18 @@ equal (Lab 07).
 A router scores every token against the E experts; each token goes to its top-k
 experts, weighted by the router's probability of each (Switch's gates, not
 renormalised over the k). Expert e takes at most C = ceil(capacity_factor x T x k / E)
-of the T x k assignments, first come first served in token order (a token's choices in
-rank order): the rest are dropped, and a token dropped by all its experts passes
-through the layer as zero (the residual around the layer carries it). The
-load-balancing loss of Switch Transformer pushes the router towards even loads:
+of the T x k assignments, kept in assignment order a = t k + j (token by token, a
+token's choices best first; GShard, DeepSpeed-MoE and Megatron serve every first choice
+before any second, which differs for k > 1): the rest are dropped, and a token dropped
+by all its experts passes through the layer as zero (the residual around the layer
+carries it). The load-balancing loss of Switch Transformer:
 
     aux = E x sum_e f_e P_e,   f_e: the share of tokens whose first choice is e,
                                P_e: the mean router probability of e
 
-(1 when loads and probabilities are uniform, larger when they are not)::
+is 1 when loads and probabilities are uniform, but that is not its minimum (E = 2,
+f = (0.9, 0.1), P = (0.45, 0.55) gives 0.92): f is a count, without a gradient, and
+through P the loss moves probability away from the most loaded experts::
 
     moe = MoE(d_model=16, d_ff=32, n_experts=4, top_k=2)
     out, aux = moe(tokens)           # tokens (T, d_model) -> out (T, d_model)
@@ -44,7 +47,7 @@ def capacity(n_tokens, top_k, n_experts, capacity_factor):
 
 def kept_assignments(chosen, n_experts, cap):
     """(T, k) bool: which of the token-by-choice assignments ``chosen`` (T, k) fit in
-    their expert's capacity, first come first served in token order."""
+    their expert's capacity, kept in assignment order t k + j."""
     flat = chosen.reshape(-1)
     one_hot = F.one_hot(flat, n_experts)
     place = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # 0-based arrival at its expert

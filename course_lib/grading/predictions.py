@@ -72,11 +72,15 @@ def _likely_mistake(case, got, answers, cases, wrong, rel):
     return max(matching, key=lambda kw: agreement(kw[0]))[1] if matching else None
 
 
-def grade_numbers(exercise, answers, cases, formula, describe, wrong=(), hint="", rel=1e-6):
+def grade_numbers(exercise, answers, cases, formula, describe, wrong=(), hint="", rel=1e-6,
+                  also=()):
     """CheckFailed at the first case whose prediction is not ``formula(*case)``;
     ``wrong`` is ``[(formula, why)]``: the reason given when the prediction equals a
     known wrong formula there (:func:`_likely_mistake`). ``describe(*case)`` names the
-    setting in a message."""
+    setting in a message. ``also``: formulas as right as ``formula`` (two first-order
+    answers); the one the predictions agree with on the most cases is graded, on all."""
+    formula = max((formula, *also), key=lambda known: sum(
+        "value" in a and _close(a["value"], known(*c), rel) for c, a in zip(cases, answers)))
     for case, answer in zip(cases, answers):
         where = describe(*case)
         if "raised" in answer:
@@ -93,10 +97,11 @@ def grade_numbers(exercise, answers, cases, formula, describe, wrong=(), hint=""
 
 
 def prediction_check(prediction, cases, formula, describe, wrong=(), hint="", detail="",
-                     draw=None):
+                     draw=None, also=()):
     """The check of ``prediction``: the student's function on every case, each number
-    graded by :func:`grade_numbers`; its pass line says ``detail``. ``draw(rng)`` gives
-    the gradebook's hidden cases (:func:`course_lib.grading.checks.check`)."""
+    graded by :func:`grade_numbers` (``also``: other right formulas); its pass line says
+    ``detail``. ``draw(rng)`` gives the gradebook's hidden cases
+    (:func:`course_lib.grading.checks.check`)."""
     def hidden(rng):
         drawn = []
         for _ in range(HIDDEN_CASES):
@@ -111,7 +116,7 @@ def prediction_check(prediction, cases, formula, describe, wrong=(), hint="", de
     @checks.check(prediction, hidden=hidden if draw else None)
     def check(predicted, cases=cases):
         answers = yield here(predicted_numbers, predicted, cases)
-        grade_numbers(prediction, answers, cases, formula, describe, wrong, hint)
+        grade_numbers(prediction, answers, cases, formula, describe, wrong, hint, also=also)
         return detail or f"{len(cases)} settings"
 
     return check

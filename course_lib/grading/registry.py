@@ -108,8 +108,8 @@ REFERENCES = {
                      "course_lib.cp.ring_attention:RingAttention"),
     "Exercise 7.4": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
                      "course_lib.ep.moe:kept_assignments"),
-    "Prediction 7.1": ("course_lib.cp.traffic:layer_bytes_sent",),
-    "Prediction 7.2": ("course_lib.cp.memory:activation_bytes",),
+    "Prediction 7.1": ("course_lib.cp.memory:activation_bytes",),
+    "Prediction 7.2": ("course_lib.cp.traffic:layer_bytes_sent",),
     # Lab 08: the geometry under a sharded checkpoint, and its helpers
     "Exercise 8.1": ("course_lib.checkpoint.boxes:boxes_of_flat_range",
                      "course_lib.checkpoint.boxes:_boxes"),
@@ -133,5 +133,6 @@ REFERENCES = {
     "Exercise 8.6": ("course_lib.checkpoint.pipeline:latest_complete",),
     # model_state_bytes(P, n, 3, mixed=False): its "params" + "optimizer" are the answer
     "Prediction 8.1": ("course_lib.memory.estimate:model_state_bytes",),
-    "Prediction 8.2": ("course_lib.checkpoint.goodput:young_interval",),
+    "Prediction 8.2": ("course_lib.checkpoint.goodput:young_interval",
+                       "course_lib.checkpoint.goodput:daly_interval"),
 }

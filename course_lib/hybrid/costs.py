@@ -69,6 +69,7 @@ class GPU:
     gpus_per_node: int = GPUS_PER_NODE
     nvlink_alpha_s: float = NVLINK_ALPHA_S
     ib_alpha_s: float = IB_ALPHA_S
+    nvswitch: bool = False  # links through switches: a GPU reaches any one peer at full speed
 
 
 # The lecture's nodes (constants and their derivation in course_lib.tp.volume).
@@ -81,9 +82,11 @@ H100_80GB = GPU("H100 80GB", 80, H100_BF16_DENSE_TFLOPS, NVLINK_PAIR_GBPS, INFIN
 A100_40GB = GPU("A100 40GB", 40, 312.0, 4 * 25.0, 200 / 8)
 GPUS = {"A100 40GB": A100_40GB, "H100 80GB": H100_80GB}
 # An 8-GPU H100 node (DGX/HGX): every GPU's 18 NVLink 4 links go to NVSwitches, 450 GB/s
-# each way to any mix of peers; the pair figure is what a ring over all 8 gets per peer.
+# each way to any mix of peers, so one pair talks at the whole 450, and a ring rank,
+# which sends to one peer, sends at 450 (as in Lab 01 and cp.projection), whatever the
+# ring's size. (The lecture's 4-GPU boards wire links to each peer: 150 GB/s a pair.)
 H100_NVSWITCH_NODE = GPU("H100 80GB, 8-GPU NVSwitch node", 80, H100_BF16_DENSE_TFLOPS,
-                         NVLINK_GPU_GBPS / 7, INFINIBAND_GBPS, gpus_per_node=8)
+                         NVLINK_GPU_GBPS, INFINIBAND_GBPS, gpus_per_node=8, nvswitch=True)
 
 
 @dataclass(frozen=True)
@@ -194,14 +197,15 @@ def _spans_nodes(mesh, dim, gpus_per_node):
 def _link(gpu, mesh, dim):
     """(alpha in s, bytes/s) of the groups along ``dim``, ranks placed as torchrun
     numbers them and laid out as ParallelDims. While every group sits in a node,
-    NVLink: a collective over g ranks runs several rings in different orders and so
-    uses the links to all g-1 peers (tp.volume's ``link_bandwidth(all_links=True)``),
-    a pipeline message goes over the one pair's links. Once a group spans nodes,
-    InfiniBand, since a ring or a chain runs at its slowest hop."""
+    NVLink: on a board wired GPU to GPU a collective over g ranks runs several rings in
+    different orders and so uses the links to all g-1 peers (tp.volume's
+    ``link_bandwidth(all_links=True)``), a pipeline message goes over the one pair's
+    links; through NVSwitches each ring rank already sends at the GPU's whole bandwidth.
+    Once a group spans nodes, InfiniBand, since a ring or a chain runs at its slowest hop."""
     if _spans_nodes(mesh, dim, gpu.gpus_per_node):
         return gpu.ib_alpha_s, gpu.ib_gbps * 1e9
     size = getattr(mesh, dim)
-    peers = 1 if dim == "pp" else max(1, min(size - 1, gpu.gpus_per_node - 1))
+    peers = 1 if dim == "pp" or gpu.nvswitch else max(1, min(size - 1, gpu.gpus_per_node - 1))
     return gpu.nvlink_alpha_s, gpu.nvlink_pair_gbps * peers * 1e9
 
 

@@ -1,8 +1,10 @@
-"""Loss scaling for fp16 (Lab 03, section 8): a fixed scale, and the dynamic scaler
+"""Loss scaling for fp16 (Lab 03, section 9): a fixed scale, and the dynamic scaler
 that ``torch.amp.GradScaler`` implements.
 
 fp16 keeps 5 exponent bits: its smallest normal number is 2^-14 and its largest
-65504. Gradients of a deep network are small and many underflow to zero. Multiplying
+65504. Below 2^-14 come the subnormals, spaced 2^-24 apart, which keep fewer digits the
+smaller they are; at half of 2^-24 (about 3e-8) or less a value rounds to zero. Many
+gradients of a deep network are that small: they lose their digits or vanish. Multiplying
 the loss by S multiplies every gradient of backward by S (the chain rule is linear),
 lifting them into range; the optimizer must then see grad / S. Too large an S
 overflows to inf (or nan), which poisons the weights if the step is taken. The

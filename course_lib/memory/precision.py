@@ -1,5 +1,5 @@
 """Mixed precision: what each recipe keeps per parameter, and fp32 master weights for a
-model held in bf16 (Lab 03, section 8).
+model held in bf16 (Lab 03, section 9).
 
 Four recipes for training with AdamW, in bytes per parameter of model state
 (weights + gradients + optimizer state + master copy), the quantity ZeRO shards:

@@ -1,5 +1,5 @@
 """How far a ring all-reduce in bf16 drifts from the exact sum as the ranks grow
-(Lab 03, section 8; the hook that compresses DDP's gradients to bf16 is Lab 02's).
+(Lab 03, section 9; the hook that compresses DDP's gradients to bf16 is Lab 02's).
 
 A ring all-reduce sums each chunk along the ring: K - 1 additions in sequence, each
 rounded to the wire's dtype. bf16 keeps 8 significant bits (7 stored), so every

@@ -1,4 +1,4 @@
-"""The bytes a rank sends in one layer's forward pass (Prediction 7.1's formulas) against
+"""The bytes a rank sends in one layer's forward pass (Prediction 7.2's formulas) against
 the course's counters on real gloo ranks, for CP, TP with sequence parallelism and EP."""
 import pytest
 

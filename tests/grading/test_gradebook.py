@@ -28,8 +28,7 @@ def graded(tmp_path_factory):
     put(subs / "mallory" / "mine.ipynb",
         edited(lab, check02="print('✓ Exercise 0.2 passed')"))
     out = root / "grades" / "gradebook.csv"
-    assert grade.main([str(subs), "--solutions", str(solutions), "--out", str(out),
-                       "--jobs", "2"]) == 0
+    assert grade.main([str(subs), "--solutions", str(solutions), "--out", str(out)]) == 0
     return {"rows": rows_of(out), "out": out.parent,
             "details": list(csv.DictReader((out.parent / "gradebook.details.csv").open()))}
 

@@ -86,12 +86,12 @@ PREDICTIONS = [
      lambda p, dp, tp, pp, z: p / (tp * pp) * (2 / (dp if z == 3 else 1)
                                                + 2 / (dp if z >= 2 else 1) + 12 / (dp if z else 1)),
      lab06.STATE_WRONG),
-    ("7.1", lab07.check_traffic_prediction,
+    ("7.2", lab07.check_traffic_prediction,
      lambda sp, b, s, h, n, k: 4 * {"cp": 2 * (n - 1) * b * s * h / n,
                                     "tp_sp": 2 * (n - 1) / n * b * s * h,
                                     "ep": 2 * k * (n - 1) / n * b * s / n * h}[sp],
      lab07.TRAFFIC_WRONG),
-    ("7.2", lab07.check_activation_prediction,
+    ("7.1", lab07.check_activation_prediction,
      lambda b, s, h, heads, cp: 4 * (6 * b * s * h + b * heads * s) / cp, lab07.MEMORY_WRONG),
     ("8.1", lab08.check_bytes_prediction, lambda p, n: 12 * p / n, lab08.BYTES_WRONG),
     ("8.2", lab08.check_interval_prediction, lambda c, m: (2 * c * m) ** 0.5,
@@ -172,6 +172,22 @@ def test_a_checkpoint_size_that_counts_the_step_on_rank_0_passes(capsys):
     assert "✓ Prediction 8.1 passed" in capsys.readouterr().out
 
 
+def test_young_s_and_daly_s_intervals_both_pass_and_a_blend_of_them_does_not(capsys):
+    """Both are first order (Daly counts the write in the cycle: sqrt(2CM) - C); the
+    answers are graded against whichever the student wrote, on every setting."""
+    import math
+
+    lab08.check_interval_prediction(lambda c, m: math.sqrt(2 * c * m))
+    lab08.check_interval_prediction(lambda c, m: math.sqrt(2 * c * m) - c)
+    assert capsys.readouterr().out.count("✓ Prediction 8.2 passed") == 2
+    with pytest.raises(checks.CheckFailed, match="Prediction 8.2: for C = 60 s"):
+        lab08.check_interval_prediction(lambda c, m: math.sqrt(2 * c * m) - c / 2)
+    # Daly on one setting, Young on the rest: graded as Young, it fails where it is Daly
+    with pytest.raises(checks.CheckFailed, match="Prediction 8.2: for C = 60 s"):
+        lab08.check_interval_prediction(
+            lambda c, m: math.sqrt(2 * c * m) - (c if c == 60 else 0))
+
+
 def test_the_library_s_interval_and_state_formulas_in_a_prediction_are_refused(monkeypatch):
     from course_lib.checkpoint.goodput import young_interval
     from course_lib.memory.estimate import model_state_bytes
@@ -179,6 +195,10 @@ def test_the_library_s_interval_and_state_formulas_in_a_prediction_are_refused(m
     monkeypatch.setattr(checks, "_reference_guard", True)
     with pytest.raises(checks.CheckFailed, match="Prediction 8.2: .*young_interval"):
         lab08.check_interval_prediction(young_interval)
+    from course_lib.checkpoint.goodput import daly_interval
+
+    with pytest.raises(checks.CheckFailed, match="Prediction 8.2: .*daly_interval"):
+        lab08.check_interval_prediction(daly_interval)
 
     def predicted(p, n):  # the answer, by way of Lab 03's estimator in fp32
         state = model_state_bytes(p, n, 3, mixed=False)

@@ -188,3 +188,17 @@ def test_the_olmo_plan(capsys):
         ("OLMo 70B", "H100 80GB"): (128, "dp=16 tp=4 pp=2", 0.82),
     }
     assert all(r[4] <= 0.9 * GPUS[r[1]].memory_gb for r in rows)
+
+
+def test_a_switched_node_gives_any_group_the_whole_link_a_wired_board_splits_it_by_peer():
+    """One model of NVSwitch everywhere (Lab 01, cp.projection): a ring rank sends to its
+    one peer at the GPU's 450 GB/s, whatever the group's size; on the lecture's 4-GPU
+    boards a pair has 150 GB/s and a collective over g ranks uses g-1 pairs."""
+    from course_lib.hybrid.costs import H100_NVSWITCH_NODE, _link
+
+    switched = {tp: _link(H100_NVSWITCH_NODE, Mesh(tp=tp), "tp")[1] for tp in (2, 4, 8)}
+    assert set(switched.values()) == {450e9}
+    assert _link(H100_NVSWITCH_NODE, Mesh(pp=2), "pp")[1] == 450e9
+    wired = {tp: _link(H100_80GB, Mesh(tp=tp), "tp")[1] for tp in (2, 4)}
+    assert wired == {2: 150e9, 4: 450e9}
+    assert _link(H100_80GB, Mesh(pp=2), "pp")[1] == 150e9

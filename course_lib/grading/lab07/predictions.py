@@ -1,8 +1,8 @@
 """Lab 07's predictions, written before the lab measures them: the bytes one rank sends
 in one layer's forward pass under context, tensor (with sequence) and expert
-parallelism (Prediction 7.1, :func:`course_lib.cp.traffic.layer_bytes_sent`), and the
+parallelism (Prediction 7.2, :func:`course_lib.cp.traffic.layer_bytes_sent`), and the
 activation memory one context-parallel attention layer keeps per rank
-(Prediction 7.2, :func:`course_lib.cp.memory.activation_bytes`). Graded against the
+(Prediction 7.1, :func:`course_lib.cp.memory.activation_bytes`). Graded against the
 formulas on many settings (:mod:`course_lib.grading.predictions`); the lab then shows
 the counters and the measured bytes beside them."""
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _draw_traffic(rng):
 
 
 check_traffic_prediction = prediction_check(
-    "Prediction 7.1", TRAFFIC_CASES, traffic, _describe_traffic, TRAFFIC_WRONG,
+    "Prediction 7.2", TRAFFIC_CASES, traffic, _describe_traffic, TRAFFIC_WRONG,
     hint="count the messages of one forward pass on one rank, and the elements in each",
     draw=_draw_traffic,
     detail=f"{len(TRAFFIC_CASES)} settings, the three splits, n = 2 to 8")
@@ -110,7 +110,7 @@ def _draw_memory(rng):
 
 
 check_activation_prediction = prediction_check(
-    "Prediction 7.2", MEMORY_CASES, activation,
+    "Prediction 7.1", MEMORY_CASES, activation,
     lambda b, s, h, heads, cp: f"b = {b}, s = {s}, h = {h}, {heads} heads, cp = {cp}",
     MEMORY_WRONG, hint="list what the layer keeps for backward, tensor by tensor, and the "
                        "shape of each on one rank",
