@@ -1,4 +1,4 @@
-"""Mixed precision (Lab 03, section 8): each recipe's model state measured against its
+"""Mixed precision (Lab 03, section 9): each recipe's model state measured against its
 table, fp32 master weights keeping the updates bf16 loses, and the bf16 ring's drift
 measured under torchrun."""
 import pytest

@@ -103,14 +103,17 @@ INTERVAL_WRONG = [
 ]
 
 def _draw_interval(rng):
-    return (rng.randint(1, 600), log_uniform(rng, 100, 3e6))
+    # M >= 10 C: where a checkpoint costs half the MTBF no interval pays (Daly's goes negative)
+    c = rng.randint(1, 600)
+    return (c, log_uniform(rng, max(100, 10 * c), 3e6))
 
 
 check_interval_prediction = prediction_check(
     "Prediction 8.2", INTERVAL_CASES, best_interval,
     lambda c, m: f"C = {c:g} s, M = {m:g} s", INTERVAL_WRONG,
-    hint="write the fraction of time wasted as a function of tau: C / tau writing, and per "
-         "second 1 / M failures that each lose tau / 2 of work on average; then minimise it",
+    hint="write the fraction of time wasted as a function of tau: C / (tau + C) writing, and "
+         "per second 1 / M failures that each lose half a cycle, (tau + C) / 2, on average "
+         "(or, as Young did, C / tau and tau / 2); then minimise it",
     draw=_draw_interval, also=(daly_interval,),
     detail=f"{len(INTERVAL_CASES)} settings, C = 1 s to 10 min, M = 50 s to a month "
            f"(Young's sqrt(2CM) or Daly's sqrt(2CM) - C)")
