@@ -141,7 +141,7 @@ $(GPU_STAMP): pyproject.toml
 	$(GPU_BIN)/python -c "import setuptools as s, sys; sys.exit(tuple(map(int, s.__version__.split('.')[:2])) < (70, 1))" \
 		2>/dev/null || $(GPU_BIN)/python -m pip install --quiet $(PIP_FROM) "setuptools>=70.1"
 	$(GPU_BIN)/python -m pip install --quiet $(PIP_FROM) --no-build-isolation \
-		-c $(GPU_VENV)/constraints.txt -e ".[dev]"
+		-c $(GPU_VENV)/constraints.txt -e ".[gpu]"
 	$(GPU_BIN)/python -c "import torch; print('torch==' + torch.__version__)" | cmp -s - $(GPU_VENV)/constraints.txt \
 		|| { echo "torch changed in $(GPU_VENV)"; exit 1; }
 	@touch $@
