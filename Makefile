@@ -118,8 +118,10 @@ test-browser: setup
 # other dependencies there under a constraint pinning the torch that is present (pip
 # fails rather than replace it), from the registries or, offline, from a folder of wheels:
 #   make gpu-check WHEELS=/path/to/wheels PYTHON=python3.12 GPU_CHECK_ARGS="--budget-s 0"
-# Where torch is in a venv of its own (--system-site-packages cannot see it), install into
-# that venv in place: make gpu-check GPU_VENV=/path/to/that/venv
+# Where PYTHON is itself a venv (the GPU image's python3 is /opt/torch/.venv/bin/python3),
+# --system-site-packages sees only the base interpreter's packages, so a .pth file adds
+# that venv's site-packages behind ours: its torch is seen, and the image is still untouched.
+# To install into such a venv in place instead: make gpu-check GPU_VENV=/path/to/that/venv
 GPU_VENV ?= .venv-gpu
 GPU_BIN := $(GPU_VENV)/bin
 GPU_STAMP := $(GPU_VENV)/.course-installed
@@ -134,7 +136,9 @@ $(GPU_STAMP): pyproject.toml
 	@test -x $(GPU_BIN)/python || { $(PYTHON) -c "import torch" 2>/dev/null || { echo "$(PYTHON) has no torch:" \
 		"make gpu-check keeps the torch of the machine (PYTHON=... names the interpreter that has it;" \
 		"make setup TORCH_SPEC=... installs a fresh one in .venv)"; exit 1; }; \
-		$(PYTHON) -m venv --system-site-packages $(GPU_VENV); }
+		$(PYTHON) -m venv --system-site-packages $(GPU_VENV); \
+		$(GPU_BIN)/python -c "import torch" 2>/dev/null || $(PYTHON) -c "import site; print(*site.getsitepackages(), sep=chr(10))" \
+			> "$$($(GPU_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_machine_torch.pth"; }
 	@$(GPU_BIN)/python -c "import torch" 2>/dev/null || { echo "$(GPU_VENV) sees no torch: where torch" \
 		"is in a venv of its own, make gpu-check GPU_VENV=<that venv>"; exit 1; }
 	$(GPU_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(GPU_VENV)/constraints.txt
