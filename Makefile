@@ -141,12 +141,14 @@ $(GPU_STAMP): pyproject.toml
 			> "$$($(GPU_BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_machine_torch.pth"; }
 	@$(GPU_BIN)/python -c "import torch" 2>/dev/null || { echo "$(GPU_VENV) sees no torch: where torch" \
 		"is in a venv of its own, make gpu-check GPU_VENV=<that venv>"; exit 1; }
-	$(GPU_BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(GPU_VENV)/constraints.txt
+	@# the installed distribution's version, not torch.__version__: a CUDA wheel from PyPI is
+	@# 2.11.0 to pip and 2.11.0+cu130 to torch, and pip finds no torch==2.11.0+cu130 for it
+	$(GPU_BIN)/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > $(GPU_VENV)/constraints.txt
 	$(GPU_BIN)/python -c "import setuptools as s, sys; sys.exit(tuple(map(int, s.__version__.split('.')[:2])) < (70, 1))" \
 		2>/dev/null || $(GPU_BIN)/python -m pip install --quiet $(PIP_FROM) "setuptools>=70.1"
 	$(GPU_BIN)/python -m pip install --quiet $(PIP_FROM) --no-build-isolation \
 		-c $(GPU_VENV)/constraints.txt -e ".[gpu]"
-	$(GPU_BIN)/python -c "import torch; print('torch==' + torch.__version__)" | cmp -s - $(GPU_VENV)/constraints.txt \
+	$(GPU_BIN)/python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" | cmp -s - $(GPU_VENV)/constraints.txt \
 		|| { echo "torch changed in $(GPU_VENV)"; exit 1; }
 	@touch $@
 

@@ -142,6 +142,26 @@ def bench_figures(what, r):
 
 
 
+def share_cores(tasks, parallel, nbval_workers, gpu):
+    """Give every process of the run (kernels, pytest workers, their ranks) an equal
+    share of the cores through ``OMP_NUM_THREADS`` in each task's environment, unless the caller set it. Left alone,
+    each job's ranks take ``cores // nproc`` threads as if the machine were theirs: on the
+    H100 run of 2026-11-27 (16 cores, 9 notebooks beside 9 nbval workers) the spinning
+    threads starved gloo, so a two-rank check did not end in 30 s and 7 notebooks ran
+    out of time. Returns the thread count the children get."""
+    import os
+
+    at_once = min(len(tasks["notebooks"]), parallel) + min(len(tasks["nbval"]), nbval_workers)
+    if not gpu:  # the rehearsal caps the whole run at ``parallel`` processes
+        at_once = min(at_once, parallel)
+    at_once += bool(tasks["tests_gpu"])
+    threads = int(os.environ.get("OMP_NUM_THREADS")
+                  or max(1, (os.cpu_count() or 1) // max(1, at_once)))
+    for task in (t for step in tasks.values() for t in step):
+        task.env = {**(task.env or {}), "OMP_NUM_THREADS": str(threads)}
+    return threads
+
+
 def parse_only(text):
     """``--only``: steps (notebooks, nbval, tests_gpu, benchmarks), notebook numbers
     (``00``), ``nbval:NN`` and bench names. Returns (notebooks, nbval, tests_gpu, benches):
@@ -273,6 +293,7 @@ def main(argv=None):
         task.deadline = deadline
         tasks["benchmarks"].append(task)
     every = [t for step in STEPS for t in tasks[step]]
+    threads = share_cores(tasks, parallel, nbval_workers, gpu)
     for folder in ("bench", "nbval", "logs"):
         (work / folder).mkdir(parents=True, exist_ok=True)
     runall.run_tasks(every, limits={"notebooks": parallel, "nbval": nbval_workers,
@@ -284,7 +305,7 @@ def main(argv=None):
         "commit": _commit(root),
         "settings": {"backend": ns.backend, "nproc": ns.nproc, "quick": True,
                      "parallel": parallel, "nbval_workers": nbval_workers,
-                     "budget_s": budget or None, "only": ns.only,
+                     "budget_s": budget or None, "only": ns.only, "omp_threads": threads,
                      "argv": sys.argv[1:] if argv is None else list(argv)},
         "work": str(work)}
     if tasks["notebooks"]:

@@ -141,9 +141,11 @@ def notebook_line(lab, name="h100"):
     nb, st, m = ref["labs"][lab], ref.get("settings", {}), ref.get("machine", {})
     if not nb.get("notebook"):
         return f"Lab {lab} on {m.get('gpu') or 'CPU only'}: the notebook did not run"
+    error = ref.get("notebooks", {}).get(lab, {}).get("error")
+    why = f": {error[:120]}" if nb["status"] != "ok" and error else ""
     return (f"Lab {lab} on {m.get('gpu') or 'CPU only'}: {nb['notebook']} {nb['status']} in "
             f"{nb['seconds']:.0f} s (NPROC={st.get('nproc')}, {st.get('backend')}, quick; "
-            f"{ref.get('date', '?')})")
+            f"{ref.get('date', '?')}){why}")
 
 
 def lines(lab, mine=None, name="h100"):

@@ -182,3 +182,33 @@ def test_processes_side_by_side_are_stopped_with_everything_under_them(tmp_path)
     assert then.returncode == 0 and then.started_s >= hung.started_s + 3
     assert "hello" in then.log.read_text()
     assert late.not_run and "time budget" in late.not_run and late.returncode is None
+
+
+def test_every_process_of_the_run_gets_its_share_of_the_cores(monkeypatch):
+    """18 processes on 16 cores get a thread each (the starved H100 run gave each job
+    cores // nproc); the rehearsal counts only the ``parallel`` it runs at once; a
+    caller's own OMP_NUM_THREADS stands. The run's own environment is left as it was."""
+    import os
+
+    from course_lib.grading import runall
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def tasks(notebooks, nbval):
+        def make(n, pool):
+            return [runall.Task(name=f"{pool}{i}", pool=pool, argv=["true"], log=None,
+                                env={"PYTHONUNBUFFERED": "1"}) for i in range(n)]
+        return {"notebooks": make(notebooks, "notebooks"), "nbval": make(nbval, "nbval"),
+                "tests_gpu": [], "benchmarks": make(1, "benchmarks")}
+
+    every = tasks(9, 9)
+    assert gpucheck.share_cores(every, 9, 9, gpu=True) == 1
+    assert all(t.env == {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+               for step in every.values() for t in step)
+    assert "OMP_NUM_THREADS" not in os.environ
+    assert gpucheck.share_cores(tasks(9, 0), 9, 9, gpu=True) == 1  # 16 // 9
+    assert gpucheck.share_cores(tasks(3, 0), 9, 9, gpu=True) == 5
+    assert gpucheck.share_cores(tasks(9, 9), 2, 2, gpu=False) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert gpucheck.share_cores(tasks(9, 9), 9, 9, gpu=True) == 3

@@ -17,14 +17,25 @@ CUDA enabled"): code that reaches for the GPU fails here as it would there.
   devices and meshes come from the job's backend.
 
 Only those questions are patched; the CPU build underneath is untouched.
+
+Where a CUDA build sees a GPU (make gpu-check) nothing is patched: the machine answers
+for itself, and ``unhidden`` lifts the launcher's hiding for real. Patching there would
+tell torch's own internals of a GPU the hidden process cannot reach (on the H100 run of
+2026-11-27 the optimizers' graph-capture check then failed with "no CUDA-capable device").
 """
 import os
 
 _mode = os.environ.get("COURSE_LIB_GPU_LOOKALIKE")
-if _mode == "unhidden" or (_mode == "1" and os.environ.get("CUDA_VISIBLE_DEVICES") != ""):
+_hidden = os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+if _mode == "unhidden" or (_mode == "1" and not _hidden):
     import torch
 
-    _cuda = torch.device("cuda")
-    torch.cuda.is_available = lambda: True
-    torch.cuda.device_count = lambda: 1
-    torch._C._get_accelerator = lambda: _cuda
+    if _hidden:
+        del os.environ["CUDA_VISIBLE_DEVICES"]  # CUDA reads it at its first call, not yet made
+    if torch.version.cuda is None or torch.cuda.device_count() == 0:
+        if _hidden:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        _cuda = torch.device("cuda")
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: 1
+        torch._C._get_accelerator = lambda: _cuda
