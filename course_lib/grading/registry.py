@@ -108,6 +108,15 @@ REFERENCES = {
                      "course_lib.cp.ring_attention:RingAttention"),
     "Exercise 7.4": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
                      "course_lib.ep.moe:kept_assignments"),
+    # the library's Ulysses and its swaps, and torch's all-to-alls that carry gradients
+    # (their backward is half of the exercise)
+    "Exercise 7.5": ("course_lib.cp.ulysses:ulysses_attention",
+                     "course_lib.cp.ulysses:sequence_to_heads",
+                     "course_lib.cp.ulysses:heads_to_sequence",
+                     "course_lib.cp.ulysses:_SequenceToHeads",
+                     "course_lib.cp.ulysses:_HeadsToSequence",
+                     "torch.distributed.nn.functional:all_to_all_single",
+                     "torch.distributed.nn.functional:all_to_all"),
     "Prediction 7.1": ("course_lib.cp.memory:activation_bytes",),
     "Prediction 7.2": ("course_lib.cp.traffic:layer_bytes_sent",),
     # Lab 08: the geometry under a sharded checkpoint, and its helpers

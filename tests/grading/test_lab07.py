@@ -270,6 +270,113 @@ def test_dispatch_wrong_answers(wrong_dispatch, wrong_combine, reason):
         lab07.check_dispatch(wrong_dispatch, wrong_combine)
 
 
+# ---- 7.5: Ulysses -----------------------------------------------------------------------------
+def ulysses_attention(q, k, v, group=None, causal=True, mask=True, backward=True,
+                      interleave=False, exchange=True):
+    """The solution's shape, with switches for the wrong answers below; its all-to-all is
+    the one at the top of this file (7.1's solution)."""
+    import torch.nn.functional as F
+
+    n = dist.get_world_size(group)
+
+    def swap(x, to_heads):
+        b, h, s, d = x.shape
+        if to_heads:
+            pieces = x.reshape(b, n, h // n, s, d).transpose(0, 1).contiguous()
+        else:
+            pieces = x.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4).contiguous()
+        got = torch.empty_like(pieces)
+        all_to_all(got, pieces, [1] * n, [1] * n, group)  # piece p: one row of dim 0, to rank p
+        if to_heads:  # interleave: the pieces side by side on d, not along the sequence
+            order = (1, 2, 3, 0, 4) if interleave else (1, 2, 0, 3, 4)
+            return got.permute(*order).reshape(b, h // n, n * s, d)
+        return got.transpose(0, 1).reshape(b, n * h, s // n, d)
+
+    class Swap(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, to_heads):
+            ctx.to_heads = to_heads
+            return swap(x, to_heads)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if backward:
+                return swap(grad.contiguous(), not ctx.to_heads), None
+            # backward=False: only the local reshape undone, no all-to-all back
+            b, h, s, d = grad.shape
+            if ctx.to_heads:  # (b, H/n, s, d) -> (b, H, s/n, d)
+                back = grad.reshape(b, h, n, s // n, d).transpose(1, 2)
+                return back.reshape(b, n * h, s // n, d), None
+            back = grad.reshape(b, n, h // n, s, d).transpose(1, 2)  # (b, H, s/n, d) ->
+            return back.reshape(b, h // n, n * s, d), None           # (b, H/n, s, d)
+
+    if not exchange:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    q, k, v = (Swap.apply(t, True) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal and mask)
+    return Swap.apply(out, False)
+
+
+def ulysses_no_mask(q, k, v, group=None, causal=True):
+    return ulysses_attention(q, k, v, group, causal, mask=False)
+
+
+def ulysses_no_exchange_back(q, k, v, group=None, causal=True):
+    return ulysses_attention(q, k, v, group, causal, backward=False)
+
+
+def ulysses_interleaved(q, k, v, group=None, causal=True):
+    return ulysses_attention(q, k, v, group, causal, interleave=True)
+
+
+def ulysses_no_exchange(q, k, v, group=None, causal=True):
+    return ulysses_attention(q, k, v, group, causal, exchange=False)
+
+
+def ulysses_without_autograd(q, k, v, group=None, causal=True):
+    with torch.no_grad():  # the swaps are not recorded: nothing flows back to q, k, v
+        return ulysses_attention(q, k, v, group, causal)
+
+
+def ulysses_gathering_everything(q, k, v, group=None, causal=True):
+    """Right values, wrong traffic: every rank gathers the whole q, k, v and output."""
+    import torch.nn.functional as F
+
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    whole = []
+    for t in (q, k, v):
+        parts = torch.empty(n * t.shape[0], *t.shape[1:], dtype=t.dtype)
+        rows = [t.shape[0]] * n
+        all_to_all(parts, t.detach().repeat(n, 1, 1, 1).contiguous(), rows, rows, group)
+        whole.append(torch.cat(parts.chunk(n), dim=2))
+    out = ulysses_attention(q, k, v, group, causal)
+    return out + 0 * F.scaled_dot_product_attention(*whole, is_causal=causal)[..., :1, :1]
+
+
+def test_ulysses_passes_as_judged(sandbox):
+    assert "6 heads" in judged(sandbox, lab07.check_ulysses, ulysses_attention, seed=7)
+
+
+@pytest.mark.parametrize("wrong, world, reason", [
+    (ulysses_no_mask, 2, "attention without the causal mask"),
+    (ulysses_no_exchange_back, 2, "the backward of sequence -> heads is heads -> sequence"),
+    (ulysses_interleaved, 2, "the piece from rank p being positions"),
+    (ulysses_no_exchange, 2, "each rank attended only to its own tokens"),
+    (ulysses_without_autograd, 2, "got no gradient"),
+    (ulysses_gathering_everything, 3, "bytes sent to each peer"),
+])
+def test_ulysses_wrong_answers(wrong, world, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_ulysses(wrong, world_sizes=(world,))
+
+
+def test_ulysses_refuses_the_library_and_torchs_differentiable_all_to_all(sandbox):
+    from course_lib.cp.ulysses import ulysses_attention as library
+
+    with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
+        judged(sandbox, lab07.check_ulysses, library)
+
+
 # ---- the stubs ------------------------------------------------------------------------------
 def test_stubs_say_not_implemented():
     def stub(*args, **kwargs):
@@ -278,7 +385,8 @@ def test_stubs_say_not_implemented():
     for call, ex in [(lambda: lab07.check_all_to_all(stub, world_sizes=(2,)), "7.1"),
                      (lambda: lab07.check_merge(stub), "7.2"),
                      (lambda: lab07.check_ring_forward(stub, world_sizes=(2,)), "7.3"),
-                     (lambda: lab07.check_dispatch(stub, stub), "7.4")]:
+                     (lambda: lab07.check_dispatch(stub, stub), "7.4"),
+                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.5")]:
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             call()
 

@@ -110,3 +110,20 @@ def _overlapped(events):
     start = events.index(("post", 0))
     end = events.index(("wait", 0)) if ("wait", 0) in events else len(events)
     return any(kind == "compute" for kind, _ in events[start:end])
+
+
+def ulysses_job(fn, use_pair, causal):
+    """This rank's contiguous shard of q, k, v through the student's Ulysses, then
+    backward from its shard of the output's gradient -> (output, [dq, dk, dv] or None
+    when the output carries no gradient, traffic of forward and backward)."""
+    group = _group(use_pair)
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    q, k, v, g = (z.chunk(n, dim=-2)[r].contiguous() for z in references.ulysses_inputs(n))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with wire.counting(p2p_only=True) as stats:
+        out = fn(q, k, v, group, causal=causal)
+        grads = None
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.backward(g)
+            grads = [None if t.grad is None else t.grad.detach() for t in (q, k, v)]
+    return (out.detach() if isinstance(out, torch.Tensor) else out), grads, stats.as_dict()

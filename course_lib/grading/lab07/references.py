@@ -7,7 +7,9 @@ attention or dispatch, which are what the student rewrites).
   so a wrong output says where its rows came from);
 - 7.2: two partial attention results of one set of queries over two blocks of keys;
 - 7.3: q, k, v of the whole sequence, and dense causal attention on it;
-- 7.4: router choices, and the dispatch and combine a token-by-token loop gives.
+- 7.4: router choices, and the dispatch and combine a token-by-token loop gives;
+- 7.5: q, k, v and an output gradient of the whole sequence, dense attention on it and
+  its gradients.
 """
 from __future__ import annotations
 
@@ -149,6 +151,36 @@ def block_flops():
     """Floating-point operations of one block of the ring: q k^T and p v."""
     b, h, s, d = RING_SHAPE
     return 2 * (2 * b * h * s * s * d)
+
+
+# ---- 7.5: Ulysses ---------------------------------------------------------------------------
+ULYSSES_SHAPE = (2, 6, 5, 4)  # (batch, heads: divisible by 1, 2 and 3, tokens per rank, d)
+
+
+def ulysses_inputs(world):
+    """q, k, v and the output's gradient of the whole sequence, float64:
+    (batch, heads, world x 5, head dim) each."""
+    b, h, s, d = ULYSSES_SHAPE
+    return tuple(seeded(500 + 10 * world + i, b, h, world * s, d) for i in range(4))
+
+
+def ulysses_expected(world, causal, local_only=False):
+    """Dense attention on the whole sequence and its gradients (out, dq, dk, dv), by
+    autograd through plain softmax math; ``local_only``: each rank's tokens attending only
+    to its own (the answer of a rank that never exchanged anything)."""
+    q, k, v, g = (t.clone() for t in ulysses_inputs(world))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    n, s = q.shape[-2], ULYSSES_SHAPE[2]
+    position = torch.arange(n)
+    mask = torch.ones(n, n, dtype=torch.bool)
+    if causal:
+        mask &= position.unsqueeze(0) <= position.unsqueeze(1)
+    if local_only:
+        mask &= (position // s).unsqueeze(0) == (position // s).unsqueeze(1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    out = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+    out.backward(g)
+    return out.detach(), q.grad, k.grad, v.grad
 
 
 # ---- 7.4: dispatch and combine ------------------------------------------------------------
