@@ -244,13 +244,32 @@ def expect_close(exercise, got, expected, *, rank, world_size, what="result", hi
     try:
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
     except AssertionError as exc:
-        bad = (got != expected).flatten().nonzero()
-        first = int(bad[0]) if len(bad) else 0
+        first = _first_failing(got, expected, rtol, atol)
         raise CheckFailed(
             f"{where}: wrong values.\n  expected {_describe(expected)}\n  got      {_describe(got)}"
             f"\n  first difference at flat index {first}: expected "
             f"{expected.flatten()[first].item()!r}, got {got.flatten()[first].item()!r}"
             f"\n  ({str(exc).splitlines()[0]}){hint}", exercise=exercise) from None
+
+
+# torch.testing.assert_close's defaults, (rtol, atol), for the dtypes the checks compare
+_TOLERANCES = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+               torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
+
+
+def _first_failing(got, expected, rtol, atol):
+    """The flat index of the first element outside the tolerance the comparison used (not
+    merely the first that differs: a last-bit difference there would look like a pass)."""
+    if not expected.is_floating_point():
+        bad = (got != expected).flatten().nonzero()
+        return int(bad[0]) if len(bad) else 0
+    default_rtol, default_atol = _TOLERANCES.get(expected.dtype, (1e-7, 1e-7))
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    g, e = got.detach().double().flatten(), expected.detach().double().flatten()
+    within = ((g - e).abs() <= atol + rtol * e.abs()) | (g == e)  # a NaN is outside
+    bad = (~within).nonzero()
+    return int(bad[0]) if len(bad) else 0
 
 
 def expect_equal(exercise, got, expected, *, rank, world_size, what="value", hint=""):

@@ -76,3 +76,14 @@ def helper_thread_job():
 def test_the_helper_thread_has_its_own_stream_and_wait_orders_the_caller():
     (own_stream, total), = run(helper_thread_job, nproc=1, backend="nccl", timeout=120)
     assert own_stream and total == 20 * (1 << 22)
+
+
+def test_one_process_drives_every_visible_gpu_through_nccl():
+    """Lab 00's single-process form: one tensor per GPU, summed by a group call."""
+    from course_lib.runtime.communicator import one_process_all_reduce
+
+    n = torch.cuda.device_count()
+    xs = [torch.full((1000,), float(d + 1), device=f"cuda:{d}") for d in range(n)]
+    one_process_all_reduce(xs)
+    for x in xs:
+        assert torch.equal(x.cpu(), torch.full((1000,), n * (n + 1) / 2))

@@ -214,3 +214,18 @@ def test_check_failed_knows_its_exercise():
     assert checks.CheckFailed("no exercise named here").exercise is None
     assert checks.outcome("Exercise 3.1") == "failed" and checks.outcome("3.2") == "failed"
     assert checks._outcomes.keys() == {"Exercise 3.1", "Exercise 3.2"}
+
+
+def test_a_wrong_value_is_shown_where_it_is_outside_the_tolerance():
+    """A last-bit difference comes before the real one: the message shows the real one."""
+    expected = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    got = expected.clone()
+    got[0] = torch.nextafter(got[0], torch.tensor(2.0, dtype=torch.float64))
+    got[2] = 3.5
+    with pytest.raises(checks.CheckFailed, match="flat index 2: expected 3.0, got 3.5"):
+        checks.expect_close("Exercise 9.9", got, expected, rank=0, world_size=1, rtol=1e-9,
+                            atol=1e-9)
+    ints = torch.tensor([1, 2, 3])
+    with pytest.raises(checks.CheckFailed, match="flat index 1: expected 2, got 5"):
+        checks.expect_close("Exercise 9.9", torch.tensor([1, 5, 3]), ints, rank=0,
+                            world_size=1)

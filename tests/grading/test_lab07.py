@@ -272,12 +272,14 @@ def test_dispatch_wrong_answers(wrong_dispatch, wrong_combine, reason):
 
 # ---- 7.5: Ulysses -----------------------------------------------------------------------------
 def ulysses_attention(q, k, v, group=None, causal=True, mask=True, backward=True,
-                      interleave=False, exchange=True):
+                      interleave=False, exchange=True, refuse=True):
     """The solution's shape, with switches for the wrong answers below; its all-to-all is
     the one at the top of this file (7.1's solution)."""
     import torch.nn.functional as F
 
     n = dist.get_world_size(group)
+    if refuse and q.shape[1] % n:
+        raise ValueError(f"{q.shape[1]} heads, {n} ranks")
 
     def swap(x, to_heads):
         b, h, s, d = x.shape
@@ -338,6 +340,10 @@ def ulysses_without_autograd(q, k, v, group=None, causal=True):
         return ulysses_attention(q, k, v, group, causal)
 
 
+def ulysses_not_refusing(q, k, v, group=None, causal=True):
+    return ulysses_attention(q, k, v, group, causal, refuse=False)
+
+
 def ulysses_gathering_everything(q, k, v, group=None, causal=True):
     """Right values, wrong traffic: every rank gathers the whole q, k, v and output."""
     import torch.nn.functional as F
@@ -364,6 +370,7 @@ def test_ulysses_passes_as_judged(sandbox):
     (ulysses_no_exchange, 2, "each rank attended only to its own tokens"),
     (ulysses_without_autograd, 2, "got no gradient"),
     (ulysses_gathering_everything, 3, "bytes sent to each peer"),
+    (ulysses_not_refusing, 3, "4 heads on 3 ranks, your function raised RuntimeError"),
 ])
 def test_ulysses_wrong_answers(wrong, world, reason):
     with pytest.raises(checks.CheckFailed, match=reason):

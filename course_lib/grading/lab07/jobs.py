@@ -115,7 +115,8 @@ def _overlapped(events):
 def ulysses_job(fn, use_pair, causal):
     """This rank's contiguous shard of q, k, v through the student's Ulysses, then
     backward from its shard of the output's gradient -> (output, [dq, dk, dv] or None
-    when the output carries no gradient, traffic of forward and backward)."""
+    when the output carries no gradient, traffic of forward and backward, what a call
+    with heads that do not divide did: True for a ValueError, else what happened).""" 
     group = _group(use_pair)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     q, k, v, g = (z.chunk(n, dim=-2)[r].contiguous() for z in references.ulysses_inputs(n))
@@ -126,4 +127,15 @@ def ulysses_job(fn, use_pair, causal):
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.backward(g)
             grads = [None if t.grad is None else t.grad.detach() for t in (q, k, v)]
-    return (out.detach() if isinstance(out, torch.Tensor) else out), grads, stats.as_dict()
+    refused = None
+    if n > 1:  # heads that do not divide among the ranks: 5 on 2 ranks, 4 on 3
+        odd = q.detach()[:, :(5 if n == 2 else 4)].contiguous()
+        try:
+            fn(odd, odd, odd, group, causal=causal)
+            refused = "returned"
+        except ValueError:
+            refused = True
+        except Exception as exc:  # noqa: BLE001 - the student's code: say what it raised
+            refused = f"{type(exc).__name__}: {exc}"[:200]
+    return ((out.detach() if isinstance(out, torch.Tensor) else out), grads, stats.as_dict(),
+            refused)

@@ -30,21 +30,31 @@ def check_ulysses(ulysses_attention, world_sizes=(1, 2, 3)):
                     g, me = len(group), group.index(rank)
                     mine = slice(me * s_local, (me + 1) * s_local)
                     ranks.append((rank, g, me, mine, f"rank {rank} of world size {n} (group = "
-                                                     f"{where}), causal={causal}",
+                                                     f"{where}, causal={causal})",
                                   [t[..., mine, :] for t in references.ulysses_expected(
                                       g, causal)]))
                 # every rank's output first: rank 0's causal output needs no other rank's
                 # keys, so a wrong exchange shows in a later rank's output before any gradient
-                for (rank, g, me, mine, say, want), (got, _, _) in zip(ranks, outs):
+                for (rank, g, me, mine, say, want), (got, *_) in zip(ranks, outs):
                     checks.expect_close(ex, got, want[0], rank=rank, world_size=n, rtol=1e-9,
-                                        atol=1e-9, what=f"the output ({say})",
+                                        atol=1e-9, what=f"the output (group = {where}, "
+                                                        f"causal={causal})",
                                         hint=_output_mistake(got, g, me, causal, mine))
-                for (rank, g, me, mine, say, want), (_, grads, stats) in zip(ranks, outs):
+                for (rank, g, me, mine, say, want), (_, grads, stats, refused) in zip(ranks,
+                                                                                      outs):
                     _grade_gradients(ex, say, grads, want[1:], rank, n)
                     _grade_traffic(ex, say, stats, me, g, want[0])
+                    if g > 1 and refused is not True:
+                        raise checks.CheckFailed(
+                            f"{ex}: {say}: called with {5 if g == 2 else 4} heads on {g} "
+                            f"ranks, your function "
+                            + ("returned" if refused == "returned" else f"raised {refused}")
+                            + ": raise a ValueError when the heads do not divide among the "
+                              "ranks (before any all-to-all, so that no rank waits)")
     return (f"world sizes {list(world_sizes)} and a pair inside 3, 6 heads, 5 tokens per "
             f"rank, causal and not: output and q, k, v gradients equal dense attention; each "
-            f"peer sent its share of the heads, forward and backward")
+            f"peer sent its share of the heads, forward and backward; heads that do not "
+            f"divide refused")
 
 
 def _output_mistake(got, g, me, causal, mine):
@@ -76,8 +86,11 @@ def _grade_gradients(ex, say, grads, want, rank, n):
             f"torch.autograd.Function whose backward is the swap the other way")
     for name, got, expected in zip(("q", "k", "v"), grads, want):
         checks.expect_close(ex, got, expected, rank=rank, world_size=n, rtol=1e-9, atol=1e-9,
-                            what=f"the gradient of {name} ({say})",
-                            hint="the backward of sequence -> heads is heads -> sequence "
+                            what=f"the gradient of {name} ({say.split(' (', 1)[1]}",
+                            hint="an all-to-all into a fresh tensor is invisible to autograd "
+                                 "(all but the piece a rank copies to itself), so wrap each "
+                                 "swap in a torch.autograd.Function: the backward of "
+                                 "sequence -> heads is heads -> sequence "
                                  "applied to the gradient, all-to-all included (the gradient "
                                  "of a head's tokens lives on the rank that computed that "
                                  "head), and the backward of heads -> sequence is "
