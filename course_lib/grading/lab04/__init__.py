@@ -98,13 +98,14 @@ def check_gpipe(gpipe_schedule, sizes=tuple(SIZES)):
         if peaks != [m] * p:
             s = next(i for i, k in enumerate(peaks) if k != m)
             raise checks.CheckFailed(
-                f"{ex}: for p={p}, m={m} stage {s} holds at most {peaks[s]} microbatches, "
-                f"but GPipe holds all m={m}: every forward runs before any backward.\n"
+                f"{ex}: for p={p}, m={m} stage {s} starts a backward before its last "
+                f"forward, but GPipe runs every forward before any backward.\n"
                 f"{_first_difference(got, want)}\nHint: that is the 1F1B order (next "
                 f"exercise); GPipe flushes all m forwards through first")
         _expect_bubble(ex, got, want, p, m)
+    # (how many microbatches a stage holds is Prediction 4.2's question: not told here)
     return (f"{len(sizes)} (p, m), m < p and m = 1 included: valid, bubble (p-1)/(m+p-1), "
-            f"m microbatches in flight")
+            f"every forward before any backward")
 
 
 @checks.check("Exercise 4.2", hidden=lambda rng: {"sizes": _drawn_sizes(rng)})

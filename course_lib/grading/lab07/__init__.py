@@ -212,9 +212,10 @@ def check_ring_forward(ring_attention_forward, world_sizes=(1, 2, 3)):
                                                  "exchange was in flight")
                         + ": post the exchange of a step with comm.exchange_async, compute on "
                           "the block you hold, then wait (the send hides under the compute)")
+    # (how many times a block travels is Prediction 7.2's bytes: not told here)
     return (f"world sizes {list(world_sizes)} and a pair inside 3, 5 tokens per rank: equal "
-            f"to dense causal attention, r + 1 blocks on rank r, k and v passed n - 1 times "
-            f"under the compute")
+            f"to dense causal attention, r + 1 blocks on rank r, k and v passed on to the "
+            f"next rank under the compute")
 
 
 def _grade_ring_work(ex, say, blocks, me):
