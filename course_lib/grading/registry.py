@@ -106,11 +106,16 @@ REFERENCES = {
     "Exercise 7.3": ("course_lib.cp.ring_attention:ring_forward",
                      "course_lib.cp.ring_attention:ring_attention",
                      "course_lib.cp.ring_attention:RingAttention"),
-    "Exercise 7.4": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
+    # the library's backward ring and the pieces that do its work
+    "Exercise 7.4": ("course_lib.cp.ring_attention:ring_backward",
+                     "course_lib.cp.ring_attention:_block_backward",
+                     "course_lib.cp.ring_attention:ring_attention",
+                     "course_lib.cp.fused:backward"),
+    "Exercise 7.5": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
                      "course_lib.ep.moe:kept_assignments"),
     # the library's Ulysses and its swaps, and torch's all-to-alls that carry gradients
     # (their backward is half of the exercise)
-    "Exercise 7.5": ("course_lib.cp.ulysses:ulysses_attention",
+    "Exercise 7.6": ("course_lib.cp.ulysses:ulysses_attention",
                      "course_lib.cp.ulysses:sequence_to_heads",
                      "course_lib.cp.ulysses:heads_to_sequence",
                      "course_lib.cp.ulysses:_SequenceToHeads",

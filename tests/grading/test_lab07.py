@@ -229,7 +229,79 @@ def test_ring_forward_wrong_answers(wrong, reason):
         lab07.check_ring_forward(wrong, world_sizes=(2,))
 
 
-# ---- 7.4: dispatch and combine ------------------------------------------------------------
+# ---- 7.4: the ring's backward ------------------------------------------------------------------
+def ring_attention_backward(q, k, v, out, lse, grad_out, group=None, skip=True, home=True,
+                            block_softmax=False):
+    """The solution's shape: k, v and their gradients travel round together, n passes,
+    so after the last one every block is home with its whole gradient."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    s, scale = q.shape[-2], q.shape[-1] ** -0.5
+    delta = (grad_out * out).sum(-1, keepdim=True)  # D = rowsum(dO * O)
+    dq = torch.zeros_like(q)
+    block = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
+    for t in range(n):
+        owner = (r - t) % n
+        if owner <= r or not skip:
+            mask = causal_mask(torch.arange(r * s, (r + 1) * s),
+                               torch.arange(owner * s, (owner + 1) * s))
+            scores = (q @ block[0].transpose(-2, -1)) * scale
+            scores = scores.masked_fill(~mask, float("-inf"))
+            if block_softmax:  # the block's own softmax instead of the saved lse
+                p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+            else:
+                p = torch.exp(scores - lse.unsqueeze(-1))
+            block[3] += p.transpose(-2, -1) @ grad_out
+            ds = p * (grad_out @ block[1].transpose(-2, -1) - delta)
+            dq += ds @ block[0] * scale
+            block[2] += ds.transpose(-2, -1) @ q * scale
+        if n > 1 and (home or t < n - 1):
+            incoming = torch.empty_like(block)
+            comm.exchange(sends=[(block, (r + 1) % n)], recvs=[(incoming, (r - 1) % n)],
+                          group=group)
+            block = incoming
+    return dq, block[2], block[3]
+
+
+def ring_backward_no_skip(q, k, v, out, lse, grad_out, group=None):
+    return ring_attention_backward(q, k, v, out, lse, grad_out, group, skip=False)
+
+
+def ring_backward_not_home(q, k, v, out, lse, grad_out, group=None):
+    """n - 1 passes: each rank ends with another rank's block gradients."""
+    return ring_attention_backward(q, k, v, out, lse, grad_out, group, home=False)
+
+
+def ring_backward_block_softmax(q, k, v, out, lse, grad_out, group=None):
+    return ring_attention_backward(q, k, v, out, lse, grad_out, group, block_softmax=True)
+
+
+def ring_backward_gathering(q, k, v, out, lse, grad_out, group=None):
+    """Right gradients, wrong traffic: every rank first sends its k and v to every peer."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    kv = torch.stack([k, v])
+    got = [torch.empty_like(kv) for _ in range(n)]
+    comm.exchange(sends=[(kv, p) for p in range(n) if p != r],
+                  recvs=[(got[p], p) for p in range(n) if p != r], group=group)
+    return ring_attention_backward(q, k, v, out, lse, grad_out, group)
+
+
+def test_ring_backward_passes_as_judged(sandbox):
+    assert "gradients home" in judged(sandbox, lab07.check_ring_backward,
+                                      ring_attention_backward, seed=7)
+
+
+@pytest.mark.parametrize("wrong, world, reason", [
+    (ring_backward_no_skip, 2, "skip a block whose every score is masked"),
+    (ring_backward_not_home, 2, "end on its owner after the last step"),
+    (ring_backward_block_softmax, 2, "from the saved lse"),
+    (ring_backward_gathering, 3, "a ring sends only to the next rank"),
+])
+def test_ring_backward_wrong_answers(wrong, world, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_ring_backward(wrong, world_sizes=(world,))
+
+
+# ---- 7.5: dispatch and combine ------------------------------------------------------------
 def dispatch(chosen, n_experts, n_ranks, capacity, use_capacity=True, stable=True,
              per_rank=True):
     flat = chosen.reshape(-1).tolist()
@@ -270,7 +342,7 @@ def test_dispatch_wrong_answers(wrong_dispatch, wrong_combine, reason):
         lab07.check_dispatch(wrong_dispatch, wrong_combine)
 
 
-# ---- 7.5: Ulysses -----------------------------------------------------------------------------
+# ---- 7.6: Ulysses -----------------------------------------------------------------------------
 def ulysses_attention(q, k, v, group=None, causal=True, mask=True, backward=True,
                       interleave=False, exchange=True, refuse=True):
     """The solution's shape, with switches for the wrong answers below; its all-to-all is
@@ -392,8 +464,9 @@ def test_stubs_say_not_implemented():
     for call, ex in [(lambda: lab07.check_all_to_all(stub, world_sizes=(2,)), "7.1"),
                      (lambda: lab07.check_merge(stub), "7.2"),
                      (lambda: lab07.check_ring_forward(stub, world_sizes=(2,)), "7.3"),
-                     (lambda: lab07.check_dispatch(stub, stub), "7.4"),
-                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.5")]:
+                     (lambda: lab07.check_ring_backward(stub, world_sizes=(2,)), "7.4"),
+                     (lambda: lab07.check_dispatch(stub, stub), "7.5"),
+                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.6")]:
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             call()
 

@@ -102,6 +102,21 @@ def ring_forward_job(fn, use_pair):
     return got, stats.as_dict(), flops.get_total_flops(), _overlapped(events)
 
 
+def ring_backward_job(fn, use_pair):
+    """This rank's chunks of q, k, v, of the saved output and log-sum-exp and of the
+    output's gradient -> (the student's (dq, dk, dv), traffic, floating-point operations)."""
+    group = _group(use_pair)
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    q, k, v = (z.chunk(n, dim=-2)[r].contiguous() for z in references.ring_qkv(n))
+    out, lse, grad_out = (z.chunk(n, dim=-1 if z.dim() == 3 else -2)[r].contiguous()
+                          for z in references.ring_saved(n))
+    with wire.counting(p2p_only=True) as stats, FlopCounterMode(display=False) as flops:
+        got = fn(q, k, v, out, lse, grad_out, group)
+    if isinstance(got, (tuple, list)):
+        got = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in got)
+    return got, stats.as_dict(), flops.get_total_flops()
+
+
 def _overlapped(events):
     """None: no message posted through course_lib.comm's non-blocking calls; else
     whether compute ran while the first one was in flight."""

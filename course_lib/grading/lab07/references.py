@@ -7,8 +7,10 @@ attention or dispatch, which are what the student rewrites).
   so a wrong output says where its rows came from);
 - 7.2: two partial attention results of one set of queries over two blocks of keys;
 - 7.3: q, k, v of the whole sequence, and dense causal attention on it;
-- 7.4: router choices, and the dispatch and combine a token-by-token loop gives;
-- 7.5: q, k, v and an output gradient of the whole sequence, dense attention on it and
+- 7.4: what forward saved (output, log-sum-exp) and the output's gradient, and dense
+  causal attention's gradients;
+- 7.5: router choices, and the dispatch and combine a token-by-token loop gives;
+- 7.6: q, k, v and an output gradient of the whole sequence, dense attention on it and
   its gradients.
 """
 from __future__ import annotations
@@ -147,13 +149,43 @@ def ring_expected(world):
     return dense_attention(q, k, v, mask)[0]
 
 
+def ring_saved(world):
+    """What the forward saved and backward is given: the output O of dense causal
+    attention on ring_qkv(world), its log-sum-exp, and the output's gradient dO."""
+    q, k, v = ring_qkv(world)
+    n = q.shape[-2]
+    mask = torch.arange(n).unsqueeze(0) <= torch.arange(n).unsqueeze(1)
+    out, lse = dense_attention(q, k, v, mask)
+    b, h, s, d = RING_SHAPE
+    return out, lse, seeded(100 * world + 7, b, h, world * s, d)
+
+
+def ring_gradients(world):
+    """dq, dk, dv of dense causal attention on ring_qkv(world) for ring_saved's dO,
+    by autograd through plain softmax math."""
+    q, k, v = (t.clone().requires_grad_() for t in ring_qkv(world))
+    n = q.shape[-2]
+    mask = torch.arange(n).unsqueeze(0) <= torch.arange(n).unsqueeze(1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    out = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+    out.backward(ring_saved(world)[2])
+    return q.grad, k.grad, v.grad
+
+
+def block_backward_flops():
+    """Floating-point operations of one block in backward: q k^T, P^T dO, dO v^T, dS k and
+    dS^T q."""
+    b, h, s, d = RING_SHAPE
+    return 5 * (2 * b * h * s * s * d)
+
+
 def block_flops():
     """Floating-point operations of one block of the ring: q k^T and p v."""
     b, h, s, d = RING_SHAPE
     return 2 * (2 * b * h * s * s * d)
 
 
-# ---- 7.5: Ulysses ---------------------------------------------------------------------------
+# ---- 7.6: Ulysses ---------------------------------------------------------------------------
 ULYSSES_SHAPE = (2, 6, 5, 4)  # (batch, heads: divisible by 1, 2 and 3, tokens per rank, d)
 
 
@@ -183,7 +215,7 @@ def ulysses_expected(world, causal, local_only=False):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-# ---- 7.4: dispatch and combine ------------------------------------------------------------
+# ---- 7.5: dispatch and combine ------------------------------------------------------------
 def dispatch_cases(seed=74):
     """[(chosen (T, k), n_experts, n_ranks, capacity)]."""
     rng = random.Random(seed)
