@@ -1,5 +1,6 @@
 """An exact resume: a rank SIGKILLed mid-run, torchrun bringing every rank back, and the
 losses of the resumed run equal, bit for bit, to those of the uninterrupted run."""
+import pytest
 import torch
 
 from conftest import ship_by_value
@@ -40,6 +41,7 @@ def test_the_ranks_of_a_cursor_split_each_global_batch_and_epochs_reshuffle():
         seen[0], seen[1])
 
 
+@pytest.mark.slow  # a torchrun restart of a killed rank (10 s); CI runs it after make test
 def test_a_killed_rank_resumes_to_the_same_losses_bit_for_bit(tmp_path):
     clean = run(train, tmp_path / "clean", 9, 3, nproc=3, timeout=180)
     hit = run(train, tmp_path / "hit", 9, 3, (2, 7), nproc=3, max_restarts=1, timeout=240)

@@ -81,6 +81,7 @@ def blocks_never_split_over_tp(cfg, dp, tp, pp, batches):
     return train_3d(cfg, dp, tp, pp, batches, split_blocks=False)
 
 
+@pytest.mark.slow  # three 4-rank trainings in the judge; make test runs the check on the solution in nbval
 def test_a_student_style_run_passes_on_three_meshes(sandbox):
     assert "(2, 2, 2)" in judged(sandbox, lab06.check_three_d, train_3d, seed=7)
 
