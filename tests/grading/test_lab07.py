@@ -301,7 +301,46 @@ def test_ring_backward_wrong_answers(wrong, world, reason):
         lab07.check_ring_backward(wrong, world_sizes=(world,))
 
 
-# ---- 7.5: dispatch and combine ------------------------------------------------------------
+# ---- 7.5: the router and its balancing loss ------------------------------------------------------
+def route(logits, k, dim=-1, renormalise=False, ascending=False):
+    probs = torch.softmax(logits, dim=dim)
+    gates, chosen = probs.topk(k, dim=-1)
+    if ascending:  # the k experts in index order, not best first
+        chosen, order = chosen.sort(dim=-1)
+        gates = gates.gather(-1, order)
+    if renormalise:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return probs, gates, chosen
+
+
+def balance_loss(probs, chosen, every_choice=False, soft=False):
+    n_experts = probs.shape[-1]
+    picked = chosen if every_choice else chosen[:, :1]
+    f = torch.bincount(picked.reshape(-1), minlength=n_experts).to(probs.dtype) / picked.numel()
+    if soft:  # the "count" made of probabilities: a gradient through f too
+        f = (torch.nn.functional.one_hot(chosen[:, 0], n_experts) * probs).sum(0) / probs.shape[0]
+        f = f / f.sum()
+    return n_experts * (f * probs.mean(0)).sum()
+
+
+def test_router_passes_as_judged(sandbox):
+    assert "token by token" in judged(sandbox, lab07.check_router, route, balance_loss, seed=7)
+
+
+@pytest.mark.parametrize("wrong_route, wrong_loss, reason", [
+    (lambda l, k: route(l, k, dim=0), balance_loss, "not over the tokens"),
+    (lambda l, k: route(l, k, renormalise=True), balance_loss, "renormalised over the k"),
+    (lambda l, k: route(l, k, ascending=True), balance_loss, "best first"),
+    (route, lambda p, c: balance_loss(p, c, every_choice=True), r"first\* choice"),
+    (route, lambda p, c: balance_loss(p, c, soft=True), "the balancing loss"),
+    (route, lambda p, c: balance_loss(p.detach(), c), "no gradient on the logits"),
+])
+def test_router_wrong_answers(wrong_route, wrong_loss, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_router(wrong_route, wrong_loss)
+
+
+# ---- 7.6: dispatch and combine ------------------------------------------------------------
 def dispatch(chosen, n_experts, n_ranks, capacity, use_capacity=True, stable=True,
              per_rank=True):
     flat = chosen.reshape(-1).tolist()
@@ -342,7 +381,7 @@ def test_dispatch_wrong_answers(wrong_dispatch, wrong_combine, reason):
         lab07.check_dispatch(wrong_dispatch, wrong_combine)
 
 
-# ---- 7.6: Ulysses -----------------------------------------------------------------------------
+# ---- 7.7: Ulysses -----------------------------------------------------------------------------
 def ulysses_attention(q, k, v, group=None, causal=True, mask=True, backward=True,
                       interleave=False, exchange=True, refuse=True):
     """The solution's shape, with switches for the wrong answers below; its all-to-all is
@@ -465,8 +504,9 @@ def test_stubs_say_not_implemented():
                      (lambda: lab07.check_merge(stub), "7.2"),
                      (lambda: lab07.check_ring_forward(stub, world_sizes=(2,)), "7.3"),
                      (lambda: lab07.check_ring_backward(stub, world_sizes=(2,)), "7.4"),
-                     (lambda: lab07.check_dispatch(stub, stub), "7.5"),
-                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.6")]:
+                     (lambda: lab07.check_router(stub, stub), "7.5"),
+                     (lambda: lab07.check_dispatch(stub, stub), "7.6"),
+                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.7")]:
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             call()
 

@@ -154,3 +154,25 @@ def ulysses_job(fn, use_pair, causal):
             refused = f"{type(exc).__name__}: {exc}"[:200]
     return ((out.detach() if isinstance(out, torch.Tensor) else out), grads, stats.as_dict(),
             refused)
+
+
+def router_job(route, balance_loss, cases):
+    """In the student's process: for each (logits, k), ``route(logits, k)`` and
+    ``balance_loss(probs, chosen)`` with the loss's gradient on the logits, as
+    {"value": (probs, gates, chosen, aux, grad)} or {"raised": ..., "message": ...}."""
+    answers = []
+    for logits, k in cases:
+        logits = logits.clone().requires_grad_()
+        try:
+            probs, gates, chosen = route(logits, k)
+            aux = balance_loss(probs, chosen)
+            grad = None
+            if isinstance(aux, torch.Tensor) and aux.requires_grad:
+                grad = torch.autograd.grad(aux, logits, allow_unused=True)[0]
+            answers.append({"value": tuple(t.detach() if isinstance(t, torch.Tensor) else t
+                                           for t in (probs, gates, chosen, aux, grad))})
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the answer, for the check to judge
+            answers.append({"raised": type(exc).__name__, "message": str(exc)[:500]})
+    return answers

@@ -9,8 +9,10 @@ attention or dispatch, which are what the student rewrites).
 - 7.3: q, k, v of the whole sequence, and dense causal attention on it;
 - 7.4: what forward saved (output, log-sum-exp) and the output's gradient, and dense
   causal attention's gradients;
-- 7.5: router choices, and the dispatch and combine a token-by-token loop gives;
-- 7.6: q, k, v and an output gradient of the whole sequence, dense attention on it and
+- 7.5: router logits, and the probabilities, choices, gates and balancing loss (with its
+  gradient) a token-by-token loop gives;
+- 7.6: router choices, and the dispatch and combine a token-by-token loop gives;
+- 7.7: q, k, v and an output gradient of the whole sequence, dense attention on it and
   its gradients.
 """
 from __future__ import annotations
@@ -185,7 +187,44 @@ def block_flops():
     return 2 * (2 * b * h * s * s * d)
 
 
-# ---- 7.6: Ulysses ---------------------------------------------------------------------------
+# ---- 7.5: the router -------------------------------------------------------------------------
+def router_cases(seed=75):
+    """[(logits (T, E) float64, k)]: random logits (no ties), from one expert per token to
+    every expert, and a router that prefers one expert."""
+    rng = random.Random(seed)
+    cases = []
+    for tokens, experts, k in [(6, 4, 1), (8, 4, 2), (12, 8, 2), (5, 3, 3), (9, 6, 2)]:
+        gen = torch.Generator(device="cpu").manual_seed(rng.randrange(2**31))
+        logits = torch.randn(tokens, experts, generator=gen, device="cpu", dtype=torch.float64)
+        cases.append((logits, k))
+    skewed = cases[1][0].clone()
+    skewed[:, 2] += 2.0  # most first choices on expert 2
+    cases.append((skewed, 2))
+    return cases
+
+
+def expected_route(logits, k):
+    """(probs, gates, chosen, aux, d aux / d logits), token by token: each token's softmax
+    over the experts, its k experts by falling probability and their probabilities, then
+    aux = E sum_e f_e P_e with f_e the share of first choices (a count, no gradient) and
+    P_e the mean probability, whose gradient is (E/T) p_ti (f_i - sum_e f_e p_te)."""
+    tokens, experts = logits.shape
+    probs = torch.zeros_like(logits)
+    chosen = torch.zeros(tokens, k, dtype=torch.long)
+    for t in range(tokens):
+        e_l = [math.exp(x - max(logits[t].tolist())) for x in logits[t].tolist()]
+        probs[t] = torch.tensor([x / sum(e_l) for x in e_l], dtype=logits.dtype)
+        chosen[t] = torch.tensor(sorted(range(experts), key=lambda e: -probs[t, e].item())[:k])
+    gates = torch.stack([probs[t, chosen[t]] for t in range(tokens)])
+    f = torch.tensor([sum(1 for t in range(tokens) if chosen[t, 0] == e) / tokens
+                      for e in range(experts)], dtype=logits.dtype)
+    mean_p = probs.mean(0)
+    aux = experts * (f * mean_p).sum()
+    grad = experts / tokens * probs * (f.unsqueeze(0) - (probs * f).sum(-1, keepdim=True))
+    return probs, gates, chosen, aux, grad
+
+
+# ---- 7.7: Ulysses ---------------------------------------------------------------------------
 ULYSSES_SHAPE = (2, 6, 5, 4)  # (batch, heads: divisible by 1, 2 and 3, tokens per rank, d)
 
 
@@ -215,7 +254,7 @@ def ulysses_expected(world, causal, local_only=False):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-# ---- 7.5: dispatch and combine ------------------------------------------------------------
+# ---- 7.6: dispatch and combine ------------------------------------------------------------
 def dispatch_cases(seed=74):
     """[(chosen (T, k), n_experts, n_ranks, capacity)]."""
     rng = random.Random(seed)
