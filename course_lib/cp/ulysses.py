@@ -77,26 +77,19 @@ def heads_to_sequence(x, group=None):
     return received.transpose(0, 1).reshape(b, n * my_heads, s_local, d)
 
 
-class _SequenceToHeads(torch.autograd.Function):
+class _Swap(torch.autograd.Function):
+    """One swap forward (``to_heads``: sequence -> heads, else heads -> sequence), the
+    opposite one on the gradient backward."""
+
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return sequence_to_heads(x, group)
+    def forward(ctx, x, group, to_heads):
+        ctx.group, ctx.to_heads = group, to_heads
+        return (sequence_to_heads if to_heads else heads_to_sequence)(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return heads_to_sequence(grad.contiguous(), ctx.group), None
-
-
-class _HeadsToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return heads_to_sequence(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return sequence_to_heads(grad.contiguous(), ctx.group), None
+        back = heads_to_sequence if ctx.to_heads else sequence_to_heads
+        return back(grad.contiguous(), ctx.group), None, None
 
 
 def ulysses_attention(q, k, v, group=None, causal=True):
@@ -110,9 +103,9 @@ def ulysses_attention(q, k, v, group=None, causal=True):
         raise ValueError(f"q, k, v must share one (b, H, s/n, d) shape, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     check_heads(q.shape[1], dist.get_world_size(group))
-    q, k, v = (_SequenceToHeads.apply(t, group) for t in (q, k, v))
+    q, k, v = (_Swap.apply(t, group, True) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return _HeadsToSequence.apply(out, group)
+    return _Swap.apply(out, group, False)
 
 
 def layer_bytes_sent(b, s, h, n, element_size=4):
