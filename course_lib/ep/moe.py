@@ -5,8 +5,8 @@ A router scores every token against the E experts; each token goes to its top-k
 experts, weighted by the router's probability of each (Switch's gates, not
 renormalised over the k). Expert e takes at most C = ceil(capacity_factor x T x k / E)
 of the T x k assignments, kept in assignment order a = t k + j (token by token, a
-token's choices best first; GShard, DeepSpeed-MoE and Megatron serve every first choice
-before any second, which differs for k > 1): the rest are dropped, and a token dropped
+token's choices best first; GShard's and DeepSpeed-MoE's top-2 gating serve every first
+choice before any second, which differs for k > 1): the rest are dropped, and a token dropped
 by all its experts passes through the layer as zero (the residual around the layer
 carries it). The load-balancing loss of Switch Transformer:
 

@@ -76,5 +76,5 @@ def one_process_all_reduce(tensors):
         raise ValueError("NCCL cannot take these tensors (dense, contiguous, one per device)")
     nccl.all_reduce(tensors)
     for t in tensors:
-        torch.cuda.synchronize(t.device)  # cudaStreamSynchronize: the sums are ready
+        torch.cuda.current_stream(t.device).synchronize()  # cudaStreamSynchronize
     return tensors

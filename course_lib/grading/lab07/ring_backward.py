@@ -87,4 +87,4 @@ def _grade_traffic(ex, say, stats, me, g, chunk):
     if total > 2 * g * kv:
         raise checks.CheckFailed(
             f"{ex}: {say}: {total} bytes sent, more than {2 * g * kv}: the k/v block and its "
-            f"two gradients ({kv} bytes each pair) need go round once, n = {g} steps at most")
+            f"two gradients ({kv} bytes each pair) need only go round once, n = {g} steps at most")
