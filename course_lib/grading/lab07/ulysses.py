@@ -24,22 +24,23 @@ def check_ulysses(ulysses_attention, world_sizes=(1, 2, 3)):
             for causal in (True, False) if n == 2 else (True,):
                 outs = yield on_ranks(jobs.ulysses_job, ulysses_attention, use_pair, causal,
                                       nproc=n, timeout=30)
-                ranks = []
+                ranks, whole = [], {}  # whole: each group size's dense answer, made once
                 for rank in range(n):
                     group = members(n, use_pair, rank)
                     g, me = len(group), group.index(rank)
+                    if g not in whole:
+                        whole[g] = references.ulysses_expected(g, causal)
                     mine = slice(me * s_local, (me + 1) * s_local)
                     ranks.append((rank, g, me, mine, f"rank {rank} of world size {n} (group = "
                                                      f"{where}, causal={causal})",
-                                  [t[..., mine, :] for t in references.ulysses_expected(
-                                      g, causal)]))
+                                  [t[..., mine, :] for t in whole[g]]))
                 # every rank's output first: rank 0's causal output needs no other rank's
                 # keys, so a wrong exchange shows in a later rank's output before any gradient
                 for (rank, g, me, mine, say, want), (got, *_) in zip(ranks, outs):
                     checks.expect_close(ex, got, want[0], rank=rank, world_size=n, rtol=1e-9,
                                         atol=1e-9, what=f"the output (group = {where}, "
                                                         f"causal={causal})",
-                                        hint=_output_mistake(got, g, me, causal, mine))
+                                        hint=_output_mistake(got, want[0], g, causal, mine))
                 for (rank, g, me, mine, say, want), (_, grads, stats, refused) in zip(ranks,
                                                                                       outs):
                     _grade_gradients(ex, say, grads, want[1:], rank, n)
@@ -57,10 +58,9 @@ def check_ulysses(ulysses_attention, world_sizes=(1, 2, 3)):
             f"divide refused")
 
 
-def _output_mistake(got, g, me, causal, mine):
+def _output_mistake(got, want, g, causal, mine):
     """What a wrong output most likely comes from (empty when nothing matches)."""
-    if not isinstance(got, torch.Tensor) or got.shape != references.ulysses_expected(
-            g, causal)[0][..., mine, :].shape:
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return ("return this rank's shard of the output, shaped like q: (b, H, s/n, d); the "
                 "second all-to-all gives every head back to the ranks that own the tokens")
 
