@@ -516,3 +516,13 @@ def test_the_library_is_refused(sandbox):
 
     with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
         judged(sandbox, lab07.check_merge, library_merge)
+
+
+def test_the_librarys_backward_ring_and_router_are_refused(sandbox):
+    from course_lib.cp.ring_attention import ring_backward
+    from course_lib.ep.moe import balance_loss as library_loss
+
+    with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
+        judged(sandbox, lab07.check_ring_backward, ring_backward)
+    with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
+        judged(sandbox, lab07.check_router, route, library_loss)
