@@ -1,5 +1,5 @@
 """Token dispatch and combine, the bookkeeping around an MoE layer's experts (Lab 07,
-Exercise 7.6), in one process.
+Exercise 7.7), in one process.
 
 A router picks ``chosen`` (T, k): token t's experts, best first. The assignments are
 read token-major (a = t k + j). Dispatch sorts the kept ones by expert (token order

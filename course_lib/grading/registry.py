@@ -111,13 +111,17 @@ REFERENCES = {
                      "course_lib.cp.ring_attention:_block_backward",
                      "course_lib.cp.ring_attention:ring_attention",
                      "course_lib.cp.fused:backward"),
+    # the library's zigzag positions and the pieces of a block its ring computes
+    "Exercise 7.5": ("course_lib.cp.blockwise:chunk_positions",
+                     "course_lib.cp.ring_attention:pieces_seen",
+                     "course_lib.cp.ring_attention:_pieces"),
     # the library's router and loss, inside its MoE layer
-    "Exercise 7.5": ("course_lib.ep.moe:balance_loss", "course_lib.ep.moe:MoE"),
-    "Exercise 7.6": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
+    "Exercise 7.6": ("course_lib.ep.moe:balance_loss", "course_lib.ep.moe:MoE"),
+    "Exercise 7.7": ("course_lib.ep.dispatch:dispatch", "course_lib.ep.dispatch:combine",
                      "course_lib.ep.moe:kept_assignments"),
     # the library's Ulysses and its swaps, and torch's all-to-alls that carry gradients
     # (their backward is half of the exercise)
-    "Exercise 7.7": ("course_lib.cp.ulysses:ulysses_attention",
+    "Exercise 7.8": ("course_lib.cp.ulysses:ulysses_attention",
                      "course_lib.cp.ulysses:sequence_to_heads",
                      "course_lib.cp.ulysses:heads_to_sequence",
                      "course_lib.cp.ulysses:_Swap",

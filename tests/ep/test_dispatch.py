@@ -1,4 +1,4 @@
-"""Dispatch and combine in one process (Exercise 7.6's reference): the MoE built from them
+"""Dispatch and combine in one process (Exercise 7.7's reference): the MoE built from them
 equals the MoE layer, and dispatch keeps each expert's first `capacity` assignments."""
 import torch
 

@@ -301,7 +301,53 @@ def test_ring_backward_wrong_answers(wrong, world, reason):
         lab07.check_ring_backward(wrong, world_sizes=(world,))
 
 
-# ---- 7.5: the router and its balancing loss ------------------------------------------------------
+# ---- 7.5: the zigzag layout ------------------------------------------------------------------
+def zigzag_positions(rank, world, seq_len, contiguous=False, refuse=True):
+    if refuse and seq_len % (2 * world):
+        raise ValueError("does not cut")
+    if contiguous:
+        size = seq_len // world
+        return torch.arange(rank * size, (rank + 1) * size)
+    size = seq_len // (2 * world)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in (rank, 2 * world - 1 - rank)])
+
+
+def zigzag_pieces(world, rank, owner, s_local, mistake=None):
+    half = s_local // 2
+    early, late, every = slice(0, half), slice(half, s_local), slice(0, s_local)
+    if owner == rank:
+        if mistake == "whole diagonal":  # right, but computes the masked quarter too
+            return [(every, every, True)]
+        return [(early, early, True), (late, early, False), (late, late, True)]
+    if mistake == "no skip":
+        return [(every, every, False)]
+    if mistake == "mirrored":  # the later owner's case for an earlier one, and back
+        return [(late, every, False)] if owner < rank else [(every, early, False)]
+    if mistake == "twice":
+        return [(every, early, False)] * 2 if owner < rank else [(late, every, False)]
+    return [(every, early, False)] if owner < rank else [(late, every, False)]
+
+
+def test_zigzag_passes_as_judged(sandbox):
+    assert "(2n+1)/4" in judged(sandbox, lab07.check_zigzag, zigzag_positions, zigzag_pieces,
+                                seed=7)
+
+
+@pytest.mark.parametrize("positions, mistake, reason", [
+    (lambda r, n, s: zigzag_positions(r, n, s, contiguous=True), None, "the contiguous layout"),
+    (lambda r, n, s: zigzag_positions(r, n, s).flip(0), None, "in another order"),
+    (lambda r, n, s: zigzag_positions(r, n, s, refuse=False), None, "did not raise a ValueError"),
+    (zigzag_positions, "no skip", "see keys at later positions"),
+    (zigzag_positions, "mirrored", "see keys at later positions"),
+    (zigzag_positions, "twice", "counted twice"),
+    (zigzag_positions, "whole diagonal", "that quarter is skipped too"),
+])
+def test_zigzag_wrong_answers(positions, mistake, reason):
+    with pytest.raises(checks.CheckFailed, match=reason):
+        lab07.check_zigzag(positions, lambda n, r, o, s: zigzag_pieces(n, r, o, s, mistake))
+
+
+# ---- 7.6: the router and its balancing loss ------------------------------------------------------
 def route(logits, k, dim=-1, renormalise=False, ascending=False):
     probs = torch.softmax(logits, dim=dim)
     gates, chosen = probs.topk(k, dim=-1)
@@ -340,7 +386,7 @@ def test_router_wrong_answers(wrong_route, wrong_loss, reason):
         lab07.check_router(wrong_route, wrong_loss)
 
 
-# ---- 7.6: dispatch and combine ------------------------------------------------------------
+# ---- 7.7: dispatch and combine ------------------------------------------------------------
 def dispatch(chosen, n_experts, n_ranks, capacity, use_capacity=True, stable=True,
              per_rank=True):
     flat = chosen.reshape(-1).tolist()
@@ -381,7 +427,7 @@ def test_dispatch_wrong_answers(wrong_dispatch, wrong_combine, reason):
         lab07.check_dispatch(wrong_dispatch, wrong_combine)
 
 
-# ---- 7.7: Ulysses -----------------------------------------------------------------------------
+# ---- 7.8: Ulysses -----------------------------------------------------------------------------
 def ulysses_attention(q, k, v, group=None, causal=True, mask=True, backward=True,
                       interleave=False, exchange=True, refuse=True):
     """The solution's shape, with switches for the wrong answers below; its all-to-all is
@@ -504,9 +550,10 @@ def test_stubs_say_not_implemented():
                      (lambda: lab07.check_merge(stub), "7.2"),
                      (lambda: lab07.check_ring_forward(stub, world_sizes=(2,)), "7.3"),
                      (lambda: lab07.check_ring_backward(stub, world_sizes=(2,)), "7.4"),
-                     (lambda: lab07.check_router(stub, stub), "7.5"),
-                     (lambda: lab07.check_dispatch(stub, stub), "7.6"),
-                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.7")]:
+                     (lambda: lab07.check_zigzag(stub, stub), "7.5"),
+                     (lambda: lab07.check_router(stub, stub), "7.6"),
+                     (lambda: lab07.check_dispatch(stub, stub), "7.7"),
+                     (lambda: lab07.check_ulysses(stub, world_sizes=(2,)), "7.8")]:
         with pytest.raises(NotImplementedError, match=f"Exercise {ex} is not implemented"):
             call()
 
@@ -526,3 +573,13 @@ def test_the_librarys_backward_ring_and_router_are_refused(sandbox):
         judged(sandbox, lab07.check_ring_backward, ring_backward)
     with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
         judged(sandbox, lab07.check_router, route, library_loss)
+
+
+def test_the_librarys_zigzag_is_refused(sandbox):
+    from course_lib.cp.blockwise import chunk_positions
+
+    def positions(rank, world, seq_len):
+        return chunk_positions(rank, world, seq_len, "zigzag")
+
+    with pytest.raises(checks.CheckFailed, match="course_lib's own implementation"):
+        judged(sandbox, lab07.check_zigzag, positions, zigzag_pieces)

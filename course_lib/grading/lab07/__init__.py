@@ -4,15 +4,16 @@
 1, 2 and 3 ranks and on a pair inside 3, judges every rank's output against the pieces
 the check cut itself and the traffic (each piece straight to its rank, nothing to
 itself); a blocking send to every peer in turn deadlocks and is stopped with the
-launcher's diagnosis of the hang. 7.2 (merge two partial attention results) and 7.6
+launcher's diagnosis of the hang. 7.2 (merge two partial attention results) and 7.7
 (token dispatch and combine) call the student's functions in the student's process
 against dense attention and a token-by-token loop. 7.3 (one rank's ring-attention
 forward) runs on 1-3 ranks against dense causal attention on the whole sequence, and
 counts each rank's floating-point operations (a rank of the contiguous layout computes
 only the r + 1 blocks it may see) and its messages (its k and v, n - 1 times, to the
 next rank), and checks that the first block's exchange was in flight while the rank
-computed. 7.4 (the ring's backward): :mod:`.ring_backward`. 7.5 (the router and its
-balancing loss): :mod:`.router`. 7.6: :mod:`.dispatch`. 7.7 (Ulysses attention, forward
+computed. 7.4 (the ring's backward): :mod:`.ring_backward`. 7.5 (the zigzag layout's
+positions and pieces): :mod:`.zigzag`. 7.6 (the router and its
+balancing loss): :mod:`.router`. 7.7: :mod:`.dispatch`. 7.8 (Ulysses attention, forward
 and backward): :mod:`.ulysses`. Predictions 7.1 and 7.2:
 :mod:`.predictions`.
 """
@@ -29,12 +30,14 @@ from course_lib.grading.lab07.references import group_cases, members
 from course_lib.grading.lab07.ring_backward import check_ring_backward
 from course_lib.grading.lab07.router import check_router
 from course_lib.grading.lab07.ulysses import check_ulysses
+from course_lib.grading.lab07.zigzag import check_zigzag
 from course_lib.grading.requests import call_each, here, on_ranks
 
 EX_A2A, EX_MERGE, EX_RING = (f"Exercise 7.{i}" for i in range(1, 4))
 
 __all__ = ["check_all_to_all", "check_merge", "check_ring_forward", "check_ring_backward",
-           "check_router", "check_dispatch", "check_ulysses", "check_traffic_prediction",
+           "check_zigzag", "check_router", "check_dispatch", "check_ulysses",
+           "check_traffic_prediction",
            "check_activation_prediction"]
 
 

@@ -1,4 +1,4 @@
-"""Exercise 7.6's check: token dispatch (the kept assignments grouped by expert, rows per
+"""Exercise 7.7's check: token dispatch (the kept assignments grouped by expert, rows per
 rank) and combine (the inverse permutation, weighed by the gates), against a
 token-by-token loop in the checking process (:mod:`.references`)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from course_lib.grading import checks
 from course_lib.grading.lab07 import references
 from course_lib.grading.requests import call_each, here
 
-EX_DISPATCH = "Exercise 7.6"
+EX_DISPATCH = "Exercise 7.7"
 
 
 @checks.check(EX_DISPATCH, hidden=checks.reseeded)

@@ -9,10 +9,10 @@ attention or dispatch, which are what the student rewrites).
 - 7.3: q, k, v of the whole sequence, and dense causal attention on it;
 - 7.4: what forward saved (output, log-sum-exp) and the output's gradient, and dense
   causal attention's gradients;
-- 7.5: router logits, and the probabilities, choices, gates and balancing loss (with its
+- 7.6: router logits, and the probabilities, choices, gates and balancing loss (with its
   gradient) a token-by-token loop gives;
-- 7.6: router choices, and the dispatch and combine a token-by-token loop gives;
-- 7.7: q, k, v and an output gradient of the whole sequence, dense attention on it and
+- 7.7: router choices, and the dispatch and combine a token-by-token loop gives;
+- 7.8: q, k, v and an output gradient of the whole sequence, dense attention on it and
   its gradients.
 """
 from __future__ import annotations
@@ -187,7 +187,7 @@ def block_flops():
     return 2 * (2 * b * h * s * s * d)
 
 
-# ---- 7.5: the router -------------------------------------------------------------------------
+# ---- 7.6: the router -------------------------------------------------------------------------
 def router_cases(seed=75):
     """[(logits (T, E) float64, k)]: random logits (no ties), from one expert per token to
     every expert, and a router that prefers one expert."""
@@ -224,7 +224,7 @@ def expected_route(logits, k):
     return probs, gates, chosen, aux, grad
 
 
-# ---- 7.7: Ulysses ---------------------------------------------------------------------------
+# ---- 7.8: Ulysses ---------------------------------------------------------------------------
 ULYSSES_SHAPE = (2, 6, 5, 4)  # (batch, heads: divisible by 1, 2 and 3, tokens per rank, d)
 
 
@@ -254,7 +254,7 @@ def ulysses_expected(world, causal, local_only=False):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-# ---- 7.6: dispatch and combine ------------------------------------------------------------
+# ---- 7.7: dispatch and combine ------------------------------------------------------------
 def dispatch_cases(seed=74):
     """[(chosen (T, k), n_experts, n_ranks, capacity)]."""
     rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""Exercise 7.5's check: a top-k router and Switch's load-balancing loss, called in the
+"""Exercise 7.6's check: a top-k router and Switch's load-balancing loss, called in the
 student's process on logits the check drew, against a token-by-token loop in the checking
 process (:mod:`.references`): probabilities, choices best first, gates, the loss and its
 gradient on the logits (through the mean probabilities only)."""
@@ -10,7 +10,7 @@ from course_lib.grading import checks
 from course_lib.grading.lab07 import jobs, references
 from course_lib.grading.requests import here
 
-EX_ROUTER = "Exercise 7.5"
+EX_ROUTER = "Exercise 7.6"
 
 
 @checks.check(EX_ROUTER, hidden=checks.reseeded)

@@ -1,4 +1,4 @@
-"""Exercise 7.7's check: Ulysses attention from contiguous sequence shards, forward and
+"""Exercise 7.8's check: Ulysses attention from contiguous sequence shards, forward and
 backward, on 1-3 ranks and on a pair inside 3, against dense attention and its gradients
 worked out in the checking process (:mod:`.references`); and its traffic: each rank
 sends every peer exactly that peer's share of q, k, v and the output (forward) and of
@@ -12,7 +12,7 @@ from course_lib.grading.lab07 import jobs, references
 from course_lib.grading.lab07.references import group_cases, members
 from course_lib.grading.requests import on_ranks
 
-EX_ULYSSES = "Exercise 7.7"
+EX_ULYSSES = "Exercise 7.8"
 
 
 @checks.check(EX_ULYSSES, hidden=salt.draw)
