@@ -318,6 +318,8 @@ def zigzag_pieces(world, rank, owner, s_local, mistake=None):
     if owner == rank:
         if mistake == "whole diagonal":  # right, but computes the masked quarter too
             return [(every, every, True)]
+        if mistake == "own block half":  # the late queries miss the early chunk
+            return [(early, early, True), (late, late, True)]
         return [(early, early, True), (late, early, False), (late, late, True)]
     if mistake == "no skip":
         return [(every, every, False)]
@@ -333,13 +335,23 @@ def test_zigzag_passes_as_judged(sandbox):
                                 seed=7)
 
 
+def test_zigzag_takes_slices_open_at_either_end():
+    def open_ended(world, rank, owner, s_local):
+        return [(slice(None, q.stop) if q.start == 0 else slice(q.start, None), k, d)
+                for q, k, d in zigzag_pieces(world, rank, owner, s_local)]
+
+    lab07.check_zigzag(zigzag_positions, open_ended)
+
+
 @pytest.mark.parametrize("positions, mistake, reason", [
     (lambda r, n, s: zigzag_positions(r, n, s, contiguous=True), None, "the contiguous layout"),
     (lambda r, n, s: zigzag_positions(r, n, s).flip(0), None, "in another order"),
     (lambda r, n, s: zigzag_positions(r, n, s, refuse=False), None, "did not raise a ValueError"),
+    (lambda r, n, s: zigzag_positions(r, n, s).tolist(), None, "returned a list, not a tensor"),
     (zigzag_positions, "no skip", "see keys at later positions"),
     (zigzag_positions, "mirrored", "see keys at later positions"),
     (zigzag_positions, "twice", "counted twice"),
+    (zigzag_positions, "own block half", "late queries see all of the early chunk"),
     (zigzag_positions, "whole diagonal", "that quarter is skipped too"),
 ])
 def test_zigzag_wrong_answers(positions, mistake, reason):

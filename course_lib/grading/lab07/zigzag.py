@@ -3,9 +3,10 @@ each block its queries compute. Both are called in the student's process; the ri
 describe is then worked out here, in the checking process: every rank's queries, in the
 student's positions, attend to every owner's block piece by piece and merge (what the
 ring computes, one rank after another), and the output and the q, k, v gradients are
-compared with dense causal attention. Which positions a piece wrongly sees, misses or
-counts twice only chooses the hint; the pieces must also skip what no query sees, so
-every rank computes (2n + 1)/4 of a block's scores."""
+compared with dense causal attention. Where a piece goes wrong (seeing a later key,
+missing a visible one, counting one twice) only chooses the hint. The pieces must also
+skip what no query sees, so every rank computes (2n + 1)/4 of a block's scores, a
+diagonal piece counted as its whole square."""
 from __future__ import annotations
 
 import random
@@ -31,10 +32,15 @@ def zigzag_job(positions_fn, pieces_fn, layouts):
         except Exception as exc:  # noqa: BLE001 - the answer, for the check to judge
             return {"raised": type(exc).__name__, "message": str(exc)[:300]}
 
-    def plain(pieces):
+    def plain(pieces, s_local):
+        def bounds(rows):  # slice(h, None) and slice(None, h) are rows too
+            start, stop, step = rows.indices(s_local)
+            if step != 1:
+                raise ValueError(f"a slice with step {step}")
+            return start, stop
+
         try:
-            return [(int(q.start or 0), int(q.stop), int(k.start or 0), int(k.stop), bool(d))
-                    for q, k, d in pieces]
+            return [(*bounds(q), *bounds(k), bool(d)) for q, k, d in pieces]
         except Exception as exc:  # noqa: BLE001 - not a list of (slice, slice, bool)
             return {"malformed": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -45,8 +51,8 @@ def zigzag_job(positions_fn, pieces_fn, layouts):
         for r in range(n):
             for owner in range(n):
                 got = attempt(pieces_fn, n, r, owner, s_local)
-                pieces[f"{r},{owner}"] = ({"value": plain(got["value"])} if "value" in got
-                                          else got)
+                pieces[f"{r},{owner}"] = ({"value": plain(got["value"], s_local)}
+                                          if "value" in got else got)
         answers.append({"positions": positions, "pieces": pieces})
     refused = attempt(positions_fn, 0, 2, 6)
     return answers, "raised" in refused and refused["raised"] == "ValueError"
@@ -76,7 +82,12 @@ def check_zigzag(zigzag_positions, zigzag_pieces, seed=75):
         for r in range(n):
             scores = sum((q1 - q0) * (k1 - k0) for o in range(n) for q0, q1, k0, k1, _ in
                          pieces[r, o])
-            if 4 * scores != (2 * n + 1) * block:
+            if 4 * scores < (2 * n + 1) * block:
+                raise checks.CheckFailed(
+                    f"{ex}: world {n}, s_local {s_local}: rank {r}'s pieces are right but "
+                    f"count {scores} scores, fewer than (2n+1)/4 of a block.\nHint: a "
+                    f"diagonal piece is one whole chunk against itself (s_local/2 rows)")
+            if 4 * scores > (2 * n + 1) * block:
                 raise checks.CheckFailed(
                     f"{ex}: world {n}, s_local {s_local}: rank {r}'s pieces are right but "
                     f"compute {scores} scores, {scores / block:.2f} of a block, not "
@@ -96,6 +107,10 @@ def _grade_positions(ex, n, s_local, answers):
         call = f"zigzag_positions({r}, {n}, {n * s_local})"
         got = checks.answer_value(ex, call, answer)
         want = chunk_positions(r, n, n * s_local, "zigzag")
+        if not isinstance(got, torch.Tensor):
+            raise checks.CheckFailed(f"{ex}: {call} returned a {type(got).__name__}, not a "
+                                     f"tensor.\nHint: return a long tensor of the positions "
+                                     f"(torch.cat of torch.arange pieces)")
         if isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(
                 got.long(), want):
             found.append(want)
@@ -189,6 +204,10 @@ def _mistake(n, positions, pieces):
                     f"a chunk sees all of an earlier chunk, none of a later one, and its own "
                     f"chunk up to itself (diagonal)")
         if (visible & ~seen.bool()).any():
+            if owner == r:
+                return (f"{where}: some keys the queries may see are in no piece; on its own "
+                        f"block the late queries see all of the early chunk, and each chunk "
+                        f"sees itself up to the diagonal")
             return (f"{where}: some keys the queries may see are in no piece; under zigzag "
                     f"another rank's block is half visible, never empty")
     return "every piece matches the causal mask: do the pieces use the local rows, 0 to s_local?"
