@@ -29,7 +29,7 @@ from course_lib.checkpoint.goodput import (daly_interval, expected_goodput, good
                                            young_interval)
 from course_lib.checkpoint.load import consolidate, load
 from course_lib.checkpoint.meta_init import LiveBytes, materialize, meta_fsdp, meta_gpt, meta_tp
-from course_lib.checkpoint.pipeline import latest_complete, load_stages, save_stage
+from course_lib.checkpoint.pipeline import latest_complete, load_stages, plan_restart, save_stage
 from course_lib.checkpoint.resume import (DataCursor, restore_training_state, resume_latest,
                                           training_state)
 from course_lib.checkpoint.save import latest, save
@@ -37,8 +37,8 @@ from course_lib.checkpoint.state import restore, state_of
 
 __all__ = ["ShardedTensor", "boxes_of_flat_range", "overlap", "byte_ranges", "save", "load",
            "latest", "consolidate", "CheckpointError", "AsyncCheckpointer", "save_stage",
-           "latest_complete", "load_stages", "state_of", "restore", "LiveBytes", "meta_gpt",
-           "materialize",
+           "latest_complete", "load_stages", "plan_restart", "state_of", "restore", "LiveBytes",
+           "meta_gpt", "materialize",
            "meta_fsdp", "meta_tp", "DataCursor", "training_state", "restore_training_state",
            "resume_latest",
            "young_interval", "daly_interval", "expected_goodput", "simulate", "goodput_sweep"]

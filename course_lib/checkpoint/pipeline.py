@@ -45,6 +45,29 @@ def latest_complete(root, n_stages):
     return max(steps)[1] if steps else None
 
 
+def plan_restart(root, n_stages, keep=2):
+    """What a restart does before its first save, as data: ``(resume, remove)``, the step
+    directory to resume from (:func:`latest_complete`'s, or None) and the ``step_*``
+    directories to delete. It keeps the ``keep`` newest complete steps and nothing else:
+    a step newer than ``resume`` was written by the run that died, and the resumed run
+    will save that step again (a stage's committed directory there would refuse the save,
+    or two runs would mix in one step); an older or incomplete one will never be loaded::
+
+        resume, remove = plan_restart("ckpt", n_stages=4, keep=2)
+        for path in remove:
+            shutil.rmtree(path)
+    """
+    root, steps = Path(root), []
+    for child in root.iterdir() if root.is_dir() else []:
+        found = re.fullmatch(r"step_(\d+)", child.name)
+        if found and child.is_dir():
+            steps.append((int(found.group(1)), child))
+    complete = [path for _, path in sorted(steps)
+                if all(is_committed(path / f"stage_{s:03d}") for s in range(n_stages))]
+    kept = complete[-keep:] if keep > 0 and complete else []
+    return (kept[-1] if kept else None), [path for _, path in sorted(steps) if path not in kept]
+
+
 def load_stages(state, step_dir):
     """Fill ``state`` (``load``'s kind) from the stage checkpoints of ``step_dir``, each
     name from the stage that saved it; returns the bytes read. Raises if a name is in no

@@ -149,7 +149,8 @@ REFERENCES = {
                      "course_lib.checkpoint.resume:rng_entries",
                      "course_lib.checkpoint.resume:set_rng",
                      "course_lib.checkpoint.resume:_generators"),
-    "Exercise 8.6": ("course_lib.checkpoint.pipeline:latest_complete",),
+    "Exercise 8.6": ("course_lib.checkpoint.pipeline:latest_complete",
+                     "course_lib.checkpoint.pipeline:plan_restart"),
     # model_state_bytes(P, n, 3, mixed=False): its "params" + "optimizer" are the answer
     "Prediction 8.1": ("course_lib.memory.estimate:model_state_bytes",),
     "Prediction 8.2": ("course_lib.checkpoint.goodput:young_interval",

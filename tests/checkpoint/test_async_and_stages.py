@@ -53,6 +53,33 @@ def test_each_stage_saves_alone_and_the_newest_complete_step_wins(tmp_path):
     assert latest_complete(tmp_path, n_stages=4) is None
 
 
+def test_a_restart_plan_keeps_the_newest_complete_steps_and_clears_the_dead_runs_saves(tmp_path):
+    """Stage 1 died after step 2: step 3 is the dead run's, and the resumed run's save of
+    step 3 is refused until the plan has removed it."""
+    import shutil
+
+    import pytest
+
+    from course_lib.checkpoint import CheckpointError
+    from course_lib.checkpoint.pipeline import plan_restart
+
+    for stage, last in enumerate([3, 2, 3]):
+        for step in range(1, last + 1):
+            save_stage({"layers": torch.zeros(2)}, tmp_path, step, stage)
+    (tmp_path / "notes.txt").write_text("beside the steps\n")
+    resume, remove = plan_restart(tmp_path, n_stages=3, keep=1)
+    assert resume == tmp_path / "step_000002"
+    assert remove == [tmp_path / "step_000001", tmp_path / "step_000003"]
+    assert plan_restart(tmp_path, n_stages=3, keep=2)[1] == [tmp_path / "step_000003"]
+    assert plan_restart(tmp_path / "missing", n_stages=3) == (None, [])
+    with pytest.raises(CheckpointError, match="already holds a committed checkpoint"):
+        save_stage({"layers": torch.ones(2)}, tmp_path, 3, 0)
+    for path in remove:
+        shutil.rmtree(path)
+    save_stage({"layers": torch.ones(2)}, tmp_path, 3, 0)
+    assert (tmp_path / "notes.txt").exists()
+
+
 def test_stages_saved_on_one_partition_load_into_another_and_into_the_whole_model(tmp_path):
     """A stage keeps the GPT's own names: 3 stages' checkpoints (AdamW after a step) fill
     the whole model and a 2-stage cut of it, every parameter and moment as saved."""

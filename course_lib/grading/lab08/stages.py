@@ -40,6 +40,8 @@ SCENARIOS = [
     ("one stage", 1, {"step_10": "cc", "step_20": "cu"}),
     ("four stages", 4, {"step_1": "cccc", "step_2": "cccu", "step_3": "-ccc"}),
     ("no step complete", 2, {"step_10": "c-", "step_20": "uc"}),
+    ("older steps, complete and not", 2,
+     {"step_1": "cc", "step_2": "c-", "step_3": "cc", "step_4": "cc"}),
 ]
 
 __all__ = ["check_latest_complete", "stages_answers", "SCENARIOS"]
