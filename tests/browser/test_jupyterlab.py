@@ -5,8 +5,9 @@ when it is missing and the user is root) and runs it; `make test` leaves it out 
 ``browser``). It starts `jupyter lab` on localhost with a fixed token on a free port,
 opens a solved copy of labs/00 (the solution notebook), runs every cell from the Run
 menu, and looks in the page for what a student would see: output prefixed by rank,
-a check's pass line, a timeline picture, and the `%%torchrun` magic's output. A
-screenshot lands in runs/browser/.
+a check's pass line, a timeline picture, and the `%%torchrun` magic's output. The
+server runs with MPLBACKEND=Agg exported, as on many clusters. A screenshot lands in
+runs/browser/.
 """
 import json
 import os
@@ -56,7 +57,10 @@ def jupyter_lab(tmp_path):
          "--ServerApp.allow_root=True",  # CI runs as root
          f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
          f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
+        # as many clusters export it: the kernel inherits it, and the lab must still show
+        # its figures (its %matplotlib inline)
+        env={**os.environ, "MPLBACKEND": "Agg"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
