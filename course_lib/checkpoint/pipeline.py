@@ -48,15 +48,19 @@ def latest_complete(root, n_stages):
 def plan_restart(root, n_stages, keep=2):
     """What a restart does before its first save, as data: ``(resume, remove)``, the step
     directory to resume from (:func:`latest_complete`'s, or None) and the ``step_*``
-    directories to delete. It keeps the ``keep`` newest complete steps and nothing else:
-    a step newer than ``resume`` was written by the run that died, and the resumed run
-    will save that step again (a stage's committed directory there would refuse the save,
-    or two runs would mix in one step); an older or incomplete one will never be loaded::
+    directories to delete. It keeps the ``keep`` newest complete steps (``keep`` >= 1) and
+    nothing else: a step newer than ``resume`` was written by the run that died, and the
+    resumed run will save that step again (a committed stage there would refuse the save,
+    leftover files would mix two runs in one step); an incomplete step can never be
+    loaded, and a complete one older than the ``keep`` newest only takes disk. Plan once
+    every process of the old run has ended (as torchrun ends them on a failure)::
 
         resume, remove = plan_restart("ckpt", n_stages=4, keep=2)
         for path in remove:
             shutil.rmtree(path)
     """
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be a positive number of checkpoints, got {keep!r}")
     root, steps = Path(root), []
     for child in root.iterdir() if root.is_dir() else []:
         found = re.fullmatch(r"step_(\d+)", child.name)
@@ -64,7 +68,7 @@ def plan_restart(root, n_stages, keep=2):
             steps.append((int(found.group(1)), child))
     complete = [path for _, path in sorted(steps)
                 if all(is_committed(path / f"stage_{s:03d}") for s in range(n_stages))]
-    kept = complete[-keep:] if keep > 0 and complete else []
+    kept = complete[-keep:]
     return (kept[-1] if kept else None), [path for _, path in sorted(steps) if path not in kept]
 
 

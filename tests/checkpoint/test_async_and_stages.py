@@ -72,6 +72,8 @@ def test_a_restart_plan_keeps_the_newest_complete_steps_and_clears_the_dead_runs
     assert remove == [tmp_path / "step_000001", tmp_path / "step_000003"]
     assert plan_restart(tmp_path, n_stages=3, keep=2)[1] == [tmp_path / "step_000003"]
     assert plan_restart(tmp_path / "missing", n_stages=3) == (None, [])
+    with pytest.raises(ValueError, match="keep must be a positive number"):
+        plan_restart(tmp_path, n_stages=3, keep=0)
     with pytest.raises(CheckpointError, match="already holds a committed checkpoint"):
         save_stage({"layers": torch.ones(2)}, tmp_path, 3, 0)
     for path in remove:

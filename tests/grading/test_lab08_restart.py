@@ -43,6 +43,15 @@ def plan_restart(root, n_stages, keep, mistake=None):
     if mistake == "keeps incomplete":  # the older incomplete steps stay
         newest = int(resume.name[5:]) if resume else -1
         return resume, [p for t, p in steps if p not in kept and (t > newest or p in complete)]
+    if mistake == "counts incomplete toward keep":  # the last keep steps up to resume
+        newest = int(resume.name[5:]) if resume else -1
+        window = [p for t, p in steps if t <= newest][-keep:]
+        kept = [p for p in window if p in complete]
+        return resume, [p for _, p in steps if p not in kept]
+    if mistake == "twice":
+        newest = int(resume.name[5:]) if resume else -1
+        return resume, [p for t, p in steps if p not in kept] + \
+            [p for t, p in steps if t > newest]
     if mistake == "only the resumed":
         return resume, [p for _, p in steps if p != resume]
     if mistake == "removes everything else":
@@ -60,7 +69,8 @@ def test_the_expected_plans_follow_the_scenarios():
     assert plans["steps 99 and 100, not zero-padded"] == ("step_100", [])
     assert plans["four stages"] == ("step_1", ["step_2", "step_3"])
     assert plans["no step complete"] == (None, ["step_10", "step_20"])
-    assert plans["older steps, complete and not"] == ("step_4", ["step_1", "step_2"])
+    assert plans["older steps, complete and not"] == ("step_3", ["step_2", "step_4"])
+    assert plans["other entries beside the steps"] == ("step_5", ["step_8"])
     assert expected_plan({"step_1": "cc", "step_2": "cc", "step_3": "cc"}, 2, 1) == \
         ("step_3", ["step_1", "step_2"])
 
@@ -76,6 +86,8 @@ def test_the_solution_passes_as_judged(sandbox):
     ("keeps newer", "newer than the step resumed, a save of the run that died"),
     ("keeps incomplete", "incomplete and older than the step resumed"),
     ("only the resumed", "one of the 2 newest complete steps"),
+    ("counts incomplete toward keep", "step_1 is one of the 2 newest complete steps"),
+    ("twice", "is listed twice"),
     ("removes everything else", "is not a step directory"),
     ("as strings", "not a pathlib.Path"),
 ])

@@ -4,13 +4,15 @@
 ``(resume, remove)``, the step directory to resume from (``latest_complete``'s) and the
 step directories to delete.
 
-What the plan must be follows from two facts the lab gives: a save refuses a committed
-directory (Exercise 8.3), and only a complete step can be resumed from. So the plan keeps
-the ``keep`` newest complete steps and removes every other ``step_<t>`` directory: a step
-newer than the resumed one is the dead run's (the resumed run saves that step again, and
-a stage's committed directory there would refuse it, or mix two runs); an incomplete or
-superseded older one can never be loaded. Nothing but step directories is touched. With
-no complete step, the run starts over and every step directory goes.
+What the plan must be follows from three facts the lab gives: a save refuses a committed
+directory (Exercise 8.3), only a complete step can be resumed from, and the disk holds
+``keep`` checkpoints. So the plan keeps the ``keep`` newest complete steps and removes
+every other ``step_<t>`` directory: a step newer than the resumed one is the dead run's
+(the resumed run saves that step again: a committed stage there would refuse the save,
+and leftover files would mix two runs); an incomplete one can never be loaded, and a
+complete one older than the ``keep`` newest only takes disk. Nothing but step
+directories is touched. With no complete step, the run starts over and every step
+directory goes.
 
 The harness builds each root as :mod:`.stages` does and answers with names relative to it;
 the check works out each expected plan from the scenario itself.
@@ -69,7 +71,7 @@ def restart_answers(plan_restart, scenarios, keep):
 def expected_plan(entries, n_stages, keep):
     """(resume name or None, sorted step names to remove) for a root of ``entries``."""
     steps = sorted((int(stages.STEP.fullmatch(k).group(1)), k) for k in entries or {}
-                   if stages.STEP.fullmatch(k))
+                   if stages.STEP.fullmatch(k) and entries[k] != "file")
     complete = [name for _, name in steps if entries[name][:n_stages] == "c" * n_stages]
     kept = complete[-keep:] if complete else []
     return (kept[-1] if kept else None), sorted(name for _, name in steps if name not in kept)
@@ -103,10 +105,14 @@ def check_restart(latest_complete, plan_restart, scenarios=tuple(stages.SCENARIO
 
 
 def _mistake(resume, remove, want, entries, n, keep):
+    twice = sorted({k for k in remove if remove.count(k) > 1})
+    if twice:
+        return f"{twice[0]} is listed twice: each directory to remove once"
     if resume != want[0]:
         return "resume from the newest step every stage committed (latest_complete)"
     entries = entries or {}
-    others = [k for k in remove if not stages.STEP.fullmatch(k) or k not in entries]
+    others = [k for k in remove if not stages.STEP.fullmatch(k) or k not in entries
+              or entries[k] == "file"]
     if others:
         return f"{others[0]} is not a step directory: the plan touches step_<t> only"
     number = {k: int(stages.STEP.fullmatch(k).group(1)) for k in entries
@@ -115,13 +121,16 @@ def _mistake(resume, remove, want, entries, n, keep):
     kept_newer = [k for k in want[1] if k not in remove and number[k] > newest]
     if kept_newer:
         return (f"{kept_newer[0]} is newer than the step resumed, a save of the run that "
-                f"died: the resumed run saves that step again, and a stage's committed "
-                f"directory left there would refuse its save (Exercise 8.3) or mix two runs")
+                f"died: the resumed run saves that step again, and a committed stage left "
+                f"there would refuse its save (Exercise 8.3), leftover files would mix two "
+                f"runs")
     removed_kept = [k for k in remove if k not in want[1]]
     if removed_kept:
         return (f"{removed_kept[0]} is one of the {keep} newest complete steps: keep them, "
                 f"a fallback if the newest turns out unreadable")
     left = [k for k in want[1] if k not in remove]
+    if not left:
+        return "the plan differs from the expected one"
     if entries[left[0]][:n] != "c" * n:
         return (f"{left[0]} is incomplete and older than the step resumed: no restart can "
                 f"load it, remove it")

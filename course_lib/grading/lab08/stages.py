@@ -36,12 +36,12 @@ SCENARIOS = [
      {"step_000010": "cc", "step_000020": "cc"}),
     ("steps 99 and 100, not zero-padded", 2, {"step_100": "cc", "step_99": "cc"}),
     ("other entries beside the steps", 3,
-     {"notes.txt": "file", "tmp": "dir", "step_5": "ccc", "step_8": "cc-"}),
+     {"notes.txt": "file", "tmp": "dir", "step_7": "file", "step_5": "ccc", "step_8": "cc-"}),
     ("one stage", 1, {"step_10": "cc", "step_20": "cu"}),
     ("four stages", 4, {"step_1": "cccc", "step_2": "cccu", "step_3": "-ccc"}),
     ("no step complete", 2, {"step_10": "c-", "step_20": "uc"}),
     ("older steps, complete and not", 2,
-     {"step_1": "cc", "step_2": "c-", "step_3": "cc", "step_4": "cc"}),
+     {"step_1": "cc", "step_2": "c-", "step_3": "cc", "step_4": "-c"}),
 ]
 
 __all__ = ["check_latest_complete", "stages_answers", "SCENARIOS"]
