@@ -19,13 +19,11 @@ the check works out each expected plan from the scenario itself.
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from course_lib.grading import checks
 from course_lib.grading.lab08 import stages
-from course_lib.grading.lab08.stages import _build  # the harness travels by value: no module
+from course_lib.grading.lab08.stages import built_roots  # the harness travels by value
 from course_lib.grading.requests import here
 
 EX_RESTART = stages.EX_STAGES
@@ -45,26 +43,19 @@ def _name(path, root):
 def restart_answers(plan_restart, scenarios, keep):
     """Each scenario built afresh and planned by ``plan_restart(root, n, keep)``: [{"value":
     (resume name or None, sorted names to remove)} | {"raised": ...} | {"invalid": ...}]."""
-    base, answers = Path(tempfile.mkdtemp(prefix="lab08-restart-")), []
-    try:
-        for case, (_, n_stages, entries) in enumerate(scenarios):
-            root = base / f"case{case}" / "ckpt"
-            if entries is not None:
-                _build(root, entries)
-            try:
-                resume, remove = plan_restart(root, n_stages, keep)
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the answer, for the check to judge
-                answers.append({"raised": type(exc).__name__, "message": str(exc)[:300]})
-                continue
-            try:
-                answers.append({"value": (_name(resume, root),
-                                          sorted(_name(p, root) for p in remove))})
-            except (TypeError, ValueError) as exc:
-                answers.append({"invalid": f"{type(exc).__name__}: {exc}"[:300]})
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    answers = []
+    for root, n_stages in built_roots(scenarios, "lab08-restart-"):
+        try:
+            resume, remove = plan_restart(root, n_stages, keep)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the answer, for the check to judge
+            answers.append({"raised": type(exc).__name__, "message": str(exc)[:300]})
+            continue
+        try:
+            answers.append({"value": (_name(resume, root), sorted(_name(p, root) for p in remove))})
+        except (TypeError, ValueError) as exc:
+            answers.append({"invalid": f"{type(exc).__name__}: {exc}"[:300]})
     return answers
 
 

@@ -94,23 +94,31 @@ def drawn_scenarios(rng):
     return {"scenarios": tuple(scenarios)}
 
 
-def stages_answers(latest_complete, scenarios=tuple(SCENARIOS)):
-    """Each scenario built afresh and handed to ``latest_complete``: [{"value": name
-    relative to the root, or None} | {"raised": ...} | {"type": ...} | {"outside": ...}]."""
-    base, answers = Path(tempfile.mkdtemp(prefix="lab08-stages-")), []
+def built_roots(scenarios, prefix):
+    """Each scenario's root built afresh in a temporary folder, removed at the end (or when
+    the caller stops early): yields (root, n_stages)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         for case, (_, n_stages, entries) in enumerate(scenarios):
             root = base / f"case{case}" / "ckpt"
             if entries is not None:
                 _build(root, entries)
-            try:
-                answers.append(_answer(latest_complete(root, n_stages), root))
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the answer, for the check to judge
-                answers.append({"raised": type(exc).__name__, "message": str(exc)[:300]})
+            yield root, n_stages
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def stages_answers(latest_complete, scenarios=tuple(SCENARIOS)):
+    """Each scenario built afresh and handed to ``latest_complete``: [{"value": name
+    relative to the root, or None} | {"raised": ...} | {"type": ...} | {"outside": ...}]."""
+    answers = []
+    for root, n_stages in built_roots(scenarios, "lab08-stages-"):
+        try:
+            answers.append(_answer(latest_complete(root, n_stages), root))
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the answer, for the check to judge
+            answers.append({"raised": type(exc).__name__, "message": str(exc)[:300]})
     return answers
 
 
