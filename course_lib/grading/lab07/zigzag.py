@@ -171,8 +171,8 @@ def _grade_ring(ex, n, s_local, positions, pieces, seed):
     s = n * s_local
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 2, s, 4, generator=generator, dtype=torch.float64,
-                           requires_grad=True) for _ in range(3))
-    weights = torch.randn(1, 2, s, 4, generator=generator, dtype=torch.float64)
+                           device="cpu", requires_grad=True) for _ in range(3))
+    weights = torch.randn(1, 2, s, 4, generator=generator, dtype=torch.float64, device="cpu")
     everywhere = torch.arange(s)
     dense, _ = attention_with_lse(q, k, v, causal_mask(everywhere, everywhere))
     want = [dense.detach(), *torch.autograd.grad((dense * weights).sum(), (q, k, v))]
