@@ -33,16 +33,23 @@ def save_stage(state, root, step, stage):
     return save(state, stage_path(root, step, stage), local=True)
 
 
+def _step_dirs(root):
+    """[(t, path)] of the ``step_<t>`` directories under ``root``, oldest first."""
+    root = Path(root)
+    found = [(re.fullmatch(r"step_(\d+)", child.name), child)
+             for child in (root.iterdir() if root.is_dir() else []) if child.is_dir()]
+    return sorted((int(match.group(1)), child) for match, child in found if match)
+
+
+def _complete(step_dir, n_stages):
+    return all(is_committed(step_dir / f"stage_{s:03d}") for s in range(n_stages))
+
+
 def latest_complete(root, n_stages):
     """The newest ``step_*`` directory under ``root`` in which all ``n_stages`` stages
     committed, or None."""
-    root = Path(root)
-    steps = []
-    for child in root.iterdir() if root.is_dir() else []:
-        found = re.fullmatch(r"step_(\d+)", child.name)
-        if found and all(is_committed(child / f"stage_{s:03d}") for s in range(n_stages)):
-            steps.append((int(found.group(1)), child))
-    return max(steps)[1] if steps else None
+    complete = [path for _, path in _step_dirs(root) if _complete(path, n_stages)]
+    return complete[-1] if complete else None
 
 
 def plan_restart(root, n_stages, keep=2):
@@ -61,15 +68,9 @@ def plan_restart(root, n_stages, keep=2):
     """
     if not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep must be a positive number of checkpoints, got {keep!r}")
-    root, steps = Path(root), []
-    for child in root.iterdir() if root.is_dir() else []:
-        found = re.fullmatch(r"step_(\d+)", child.name)
-        if found and child.is_dir():
-            steps.append((int(found.group(1)), child))
-    complete = [path for _, path in sorted(steps)
-                if all(is_committed(path / f"stage_{s:03d}") for s in range(n_stages))]
-    kept = complete[-keep:]
-    return (kept[-1] if kept else None), [path for _, path in sorted(steps) if path not in kept]
+    steps = [path for _, path in _step_dirs(root)]
+    kept = [path for path in steps if _complete(path, n_stages)][-keep:]
+    return (kept[-1] if kept else None), [path for path in steps if path not in kept]
 
 
 def load_stages(state, step_dir):
