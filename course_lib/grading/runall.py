@@ -52,6 +52,8 @@ def run_notebook(nb, out, params, timeout=1800):
     cell): ``(name, seconds, error or None)``."""
     import papermill as pm
 
+    from course_lib.grading.kernels import ipc_manager
+
     nb, out = Path(nb), Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -60,7 +62,8 @@ def run_notebook(nb, out, params, timeout=1800):
         pm.execute_notebook(str(nb), str(out / nb.name), kernel_name="python3",
                             parameters={**params, "OUTPUT_DIR": str(out)},
                             cwd=str(nb.parent), log_output=True,
-                            execution_timeout=timeout, progress_bar=False)
+                            execution_timeout=timeout, progress_bar=False,
+                            kernel_manager_class=ipc_manager())
         error = None
     except Exception as exc:  # noqa: BLE001 - reported per notebook, then summarised
         error = _error_line(exc)
