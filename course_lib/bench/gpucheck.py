@@ -24,11 +24,12 @@ the GPU (NCCL, world 1) and nbval mostly the CPU cores (the defaults ask for 2-4
 which run on gloo with one GPU). The GPU-bound benchmarks (cp, fsdp, ep) start when the
 notebooks and tests/gpu are done, while nbval may still run; the ones whose times are
 set by the CPU or the launch path (ddp's 4 ms steps, checkpoint on 4 gloo ranks, launch)
-wait for nbval as well. One H100 (16 cores) took 75-177 s per notebook side by side and
-245 s for nbval on 9 workers (2026-11-27, run one after the other, not yet together);
-the benchmarks should take about 1.5 minutes (:data:`BENCH_ESTIMATE_S`). On a GPU the
+wait for nbval as well. One H100 (16 cores) ran it all in 319 s (2026-11-28): the
+notebooks 104-191 s each side by side, nbval 191 s on 9 workers beside them, the
+benchmarks 120 s (:data:`BENCH_ESTIMATE_S`). Kernels talk over Unix sockets
+(:mod:`course_lib.grading.kernels`): with tcp, one kernel of eighteen lost its port. On a GPU the
 whole is held to ``--budget-s`` (360 s; 0: no limit): each step's timeout is cut so that
-the benchmarks after it still fit (the notebooks end by 360 - 90 s, nbval by 360 - 40 s),
+the benchmarks after it still fit (the notebooks end by 360 - 122 s, nbval by 360 - 56 s),
 and a step that would get under 10 s is not started (and counts as failed). With gloo
 (the CPU rehearsal) there is no budget, the benchmarks use smaller sizes, and at most
 ``--parallel`` processes run at once (2 on a 2-core machine: about 13 minutes).

@@ -7,8 +7,8 @@ GPU_BOUND = ("cp", "fsdp", "ep")
 CPU_BOUND = ("ddp", "checkpoint", "launch")
 BENCHES = GPU_BOUND + CPU_BOUND
 # seconds each bench should take on one H100, its process and job start included (an
-# estimate from the run of 2026-11-27: what the budget keeps for them)
-BENCH_ESTIMATE_S = {"cp": 20, "fsdp": 15, "ep": 15, "ddp": 15, "checkpoint": 15, "launch": 10}
+# estimate from the run of 2026-11-28: what the budget keeps for them)
+BENCH_ESTIMATE_S = {"cp": 20, "fsdp": 30, "ep": 16, "ddp": 24, "checkpoint": 22, "launch": 10}
 
 
 def bench_args(what, nproc, backend, gpu):
