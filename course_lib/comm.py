@@ -25,7 +25,7 @@ activations and gradients). gloo matches a receive to a send by (peer, tag),
 in posting order within each tag. NCCL has no tags: it ignores them and
 matches messages between two ranks purely in the order they were posted, so
 code that must also run on NCCL posts its messages in the same order on both
-sides.
+sides and leaves the tag out (under NCCL's rules a tag is refused).
 
 :func:`exchange` posts all sends and receives of one step together: through
 ``batch_isend_irecv`` on NCCL, where separate blocking send/recv pairs can

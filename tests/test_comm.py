@@ -117,12 +117,12 @@ def on_sub_groups():
     with comm.counting() as stats:
         if me == 0:
             comm.send(x, 1, group=mine)
-            h = comm.isend(x * 10, 1, group=mine, tag=3)
+            h = comm.isend(x * 10, 1, group=mine)
             h.wait()
         else:
             comm.recv(x, 0, group=mine)
             y = torch.empty(4)
-            comm.irecv(y, 0, group=mine, tag=3).wait()
+            comm.irecv(y, 0, group=mine).wait()
             x = torch.stack([x, y])
     wrong_member = None
     try:  # a peer named by its global rank (2) is not a rank of a 2-member group
@@ -165,7 +165,7 @@ def two_tagged_streams():
 
 
 def test_tags_keep_two_streams_between_one_pair_apart():
-    # gloo's tags (NCCL has none: under its rules the two would cross and crash a rank)
+    # gloo's tags (NCCL has none: under its rules a tag is refused, nccl_rules rule 1)
     act, grad = run(two_tagged_streams, nproc=2, backend="gloo", timeout=60, nccl_rules=False)[1]
     assert torch.equal(act, torch.full((3,), 1.0)) and torch.equal(grad, torch.full((5,), 2.0))
 

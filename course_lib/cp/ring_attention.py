@@ -98,12 +98,14 @@ def piece_scores(pieces):
     return sum((p[0].stop - p[0].start) * (p[1].stop - p[1].start) for p in pieces)
 
 
-def _pass_right(tensor, group, tag=0):
-    """Send ``tensor`` to rank r + 1 and receive the same shape from r - 1; (handle, buffer)."""
+def _pass_right(tensor, group):
+    """Send ``tensor`` to rank r + 1 and receive the same shape from r - 1; (handle, buffer).
+    Untagged, as on NCCL: two passes in flight between a pair (the next K, V block and
+    the gradients of the last) are told apart by the order every rank posts them in."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     incoming = torch.empty_like(tensor)
     handle = comm.exchange_async(sends=[(tensor, (r + 1) % n)], recvs=[(incoming, (r - 1) % n)],
-                                 group=group, tag=tag)
+                                 group=group)
     return handle, incoming
 
 
@@ -208,7 +210,7 @@ def ring_backward(q, k, v, out, lse, grad_out, group, causal, layout):
             behind[0].wait()
             dkv += behind[1]
         if n > 1:
-            behind = _pass_right(dkv, group, tag=1)
+            behind = _pass_right(dkv, group)
         if ahead:
             ahead[0].wait()
             kv = ahead[1]

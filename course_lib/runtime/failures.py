@@ -3,8 +3,12 @@ the ranks that raised, the marks of the ranks torchrun ended, torchrun's own sum
 
 A rank that raises writes a record (its traceback). The ranks torchrun then ends with
 SIGTERM write a mark from the signal handler. A rank that left neither, nor a result,
-died from outside (SIGKILL, the out-of-memory killer, a crash in C code): that is the
-cause, named first, whatever its peers' broken connections say. A hang is told from
+died from outside (SIGKILL, the out-of-memory killer, a crash in C code, an abort).
+The cause named first is ranked, not merely the earliest (:func:`cause_rank`): a rank's
+own exception (an NCCL rule, the student's error), then a death with no word, then a
+peer's complaint that a connection broke. So a rank killed while its peers wait is named
+before their broken connections, and a rule one rank raised is named before the abort
+of its peer that followed (a silent death has no time to sort by). A hang is told from
 every rank's stack (:func:`timeout_error`).
 """
 from __future__ import annotations
@@ -16,7 +20,8 @@ import signal
 from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.shipped import Shipped
 
-__all__ = ["LaunchError", "LaunchTimeout", "errors_of", "failure", "timeout_error", "gave_up"]
+__all__ = ["LaunchError", "LaunchTimeout", "errors_of", "failure", "cause_rank", "timeout_error",
+           "gave_up"]
 
 
 class LaunchError(RuntimeError):
@@ -121,8 +126,26 @@ def timeout_error(timeout, nproc, stacks, log, shipped=None):
     return error
 
 
+# what a rank raises when a peer went away before it: gloo's broken pairs, the store's
+# lost client, torch's distributed errors; a consequence of the cause, never the cause
+_PEER_GONE = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|ECONNRESET|EPIPE|"
+                        r"Socket Timeout|failed to recv|Connection refused", re.I)
+_PEER_GONE_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+
+
+def cause_rank(error):
+    """How surely a rank's record names the job's cause, most sure first: 0 the rank's own
+    exception (an NCCL rule, the student's error), 1 a death that left no word (a signal,
+    :func:`_silent_death`), 2 an exception saying a peer or the store went away."""
+    if error.get("silent"):
+        return 1
+    if error["type"] in _PEER_GONE_TYPES or _PEER_GONE.search(error.get("message") or ""):
+        return 2
+    return 0
+
+
 def failure(errors, log, reason=None):
-    errors = sorted(errors, key=lambda e: e["time"])
+    errors = sorted(errors, key=lambda e: (cause_rank(e), e["time"]))
     if errors:
         first = errors[0]
         others = [e["rank"] for e in errors[1:]]
@@ -130,7 +153,7 @@ def failure(errors, log, reason=None):
         if first["traceback"]:
             msg += f"\nTraceback of rank {first['rank']}:\n{first['traceback']}"
         if others:
-            msg += f"\n(ranks {others} failed after it, probably as a consequence)"
+            msg += f"\n(ranks {others} failed as well, probably as a consequence)"
         return LaunchError(msg, ranks=sorted(e["rank"] for e in errors), errors=errors,
                            log="".join(log))
     tail = "".join(log[-40:])

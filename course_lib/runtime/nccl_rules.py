@@ -6,9 +6,10 @@ test here can hang or corrupt data on its first GPU run. With
 every rank of a gloo job refuses, with :class:`NcclRuleError` naming the rule
 and the call, what NCCL forbids and gloo forgives:
 
-1. **Tags.** NCCL has none: it matches the messages between two ranks in the
-   order they were posted. Every message goes on tag 0, so code that works only
-   because of its tags fails here as it would there.
+1. **No tags.** NCCL has none: it matches the messages between two ranks in the
+   order they were posted, and a tag is ignored. A message given a tag other than 0
+   is refused at once, naming the call: code that works only because of its tags
+   would swap its messages there without a word.
 2. **One issuing thread at a time.** A thread may issue an operation (any
    collective or message, on any group) only when every operation another thread
    issued has completed. NCCL needs the operations of a communicator in the same
@@ -153,12 +154,20 @@ class CoalescedWork:
                             "future on NCCL; wait on the work itself")
 
 
+def _no_tag(call, tag):
+    """Rule 1: a tag would be ignored by NCCL, so a message that relies on one is refused."""
+    if tag:
+        raise NcclRuleError(
+            f"NCCL rule (no tags): {call} was given tag={tag}. NCCL matches messages by "
+            f"posting order, it has no tags: post the messages between two ranks in the same "
+            f"order on both, and leave the tag out.")
+
+
 def _p2p(original, name):
     @functools.wraps(original)
     def wrapper(tensor, *args, **kwargs):
-        kwargs["tag"] = 0  # rule 1: NCCL ignores tags
-        if len(args) >= 3:  # (dst/src, group, tag) given by position
-            args = (*args[:2], 0, *args[3:])
+        # (dst/src, group, tag) may come by position
+        _no_tag(f"{name}()", kwargs.get("tag", args[2] if len(args) >= 3 else 0))
         _no_cpu_tensors(name, [tensor])
         return _track(f"{name}()", lambda: original(tensor, *args, **kwargs))
     return wrapper
@@ -233,7 +242,7 @@ def _batch(original):
     @functools.wraps(original)
     def wrapper(p2p_op_list):
         for op in p2p_op_list:
-            op.tag = 0
+            _no_tag(f"batch_isend_irecv() ({op.op.__name__} of a P2POp)", op.tag)
         works = _track("batch_isend_irecv()", lambda: original(p2p_op_list))
         return [CoalescedWork(w) for w in works or []]
     return wrapper

@@ -32,9 +32,34 @@ def tags_matter():
     return one.tolist(), two.tolist()
 
 
-def test_messages_are_matched_by_order_not_by_tag():
-    assert run(tags_matter, nproc=2, nccl_rules=False)[1] == ([1.0] * 3, [2.0] * 3)  # gloo
-    assert run_under_rules(tags_matter)[1] == ([2.0] * 3, [1.0] * 3)  # NCCL: posting order
+def tagged_call(how):
+    """One tagged message, posted each way the rule must see (the peer waits for nothing)."""
+    x, peer = torch.ones(2), 1 - dist.get_rank()
+    try:
+        if how == "keyword":
+            dist.isend(x, peer, tag=7)
+        elif how == "position":
+            dist.irecv(x, peer, None, 7)
+        else:
+            dist.batch_isend_irecv([dist.P2POp(dist.isend, x, peer, tag=7)])
+    except NcclRuleError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_tag_is_refused_at_once_naming_the_rule_and_the_call():
+    # gloo keeps two tagged streams apart; NCCL would match them by posting order and
+    # swap them without a word, so under its rules the tag itself is refused
+    assert run(tags_matter, nproc=2, nccl_rules=False)[1] == ([1.0] * 3, [2.0] * 3)
+    with pytest.raises(LaunchError, match=r"NcclRuleError: NCCL rule \(no tags\): i?(send|recv)"
+                                          r"\(\) was given tag=[12]\. NCCL matches messages by "
+                                          r"posting order, it has no tags"):
+        run_under_rules(tags_matter)
+    said = run_under_rules(tagged_call, "keyword") + run_under_rules(tagged_call, "position")
+    assert all("(no tags)" in s for s in said)
+    assert "isend() was given tag=7" in said[0] and "irecv() was given tag=7" in said[2]
+    batch = run_under_rules(tagged_call, "batch")
+    assert all("batch_isend_irecv() (isend of a P2POp) was given tag=7" in s for s in batch)
 
 
 def two_threads_at_once():
