@@ -48,7 +48,7 @@ test: setup sandbox
 
 # the slowest tests (grading the real Lab 00 and a class of 15, launches over and over): CI runs them after `make test`
 test-slow: setup sandbox
-	$(BIN)/python -m pytest tests -m slow -p no:cacheprovider
+	$(BIN)/python -m pytest tests -m slow -p no:cacheprovider --durations=25
 
 # The solutions graded by the gradebook under SWEEPS class secrets: each draws other hidden
 # settings (a salt for torch's seeds, new sizes and cases), and every one must still pass
