@@ -5,9 +5,10 @@ A router picks ``chosen`` (T, k): token t's experts, best first. The assignments
 read token-major (a = t k + j). Dispatch sorts the kept ones by expert (token order
 within an expert) so that each expert's rows, and each rank's, are contiguous:
 
-- ``order``: the kept assignments' indices a, grouped by expert; an expert keeps its
-  first ``capacity`` assignments in assignment order (token by token, a token's choices
-  best first; production layers serve all first choices first, which differs for k > 1);
+- ``order``: the kept assignments' indices a, grouped by expert, increasing within an
+  expert; an expert keeps ``capacity`` assignments, first choices first
+  (:func:`~course_lib.ep.moe.kept_assignments`: every token's choice j before any
+  token's choice j + 1);
 - ``counts``: the rows for each rank, expert e living on rank e // (E / n).
 
 Rows go out as ``tokens[order // k]``; the experts answer row for row; combine applies

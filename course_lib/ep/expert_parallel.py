@@ -5,16 +5,16 @@ Rank r of n holds experts r E/n .. (r+1) E/n - 1 and a copy of the router, and f
 the layer its own tokens. A step of the layer, for this rank's T_r tokens:
 
 1. route: top-k experts and gates per token, as the dense layer does;
-2. dispatch: sort the T_r k assignments by expert (token order kept within one), so
-   they are grouped by owner and, within an owner, by expert; sum the token counts and
-   the first choices over the group (one all-reduce: the capacity and the aux loss need
-   them), exchange the count of rows for each expert (an all-to-all of E/n integers per
-   peer), then all-to-all the token rows. No expert id travels with a row: the owner
-   receives them by source rank, then by expert, and the counts say where each expert's
-   rows start;
-3. the owner applies each expert's capacity to the rows it received, in rank order then
-   token order, which is the dense layer's order over all ranks' tokens concatenated;
-   runs its experts; dropped rows return as zeros;
+2. dispatch: sort the T_r k assignments by expert, then by choice j (token order kept
+   within one), so they are grouped by owner, within an owner by expert, within an
+   expert by choice; sum the token counts and the first choices over the group (one
+   all-reduce: the capacity and the aux loss need them), exchange the count of rows for
+   each (expert, choice) (an all-to-all of k E/n integers per peer), then all-to-all the
+   token rows. No expert id travels with a row: the owner receives them by source rank,
+   then by expert and choice, and the counts say where each run of rows starts;
+3. the owner orders each expert's rows as the dense layer serves them over all ranks'
+   tokens concatenated, first choices first (choice j, then source rank, then token),
+   applies the capacity, runs its experts; dropped rows return as zeros;
 4. combine: all-to-all the results back (the inverse of the dispatch), weigh each by its
    gate and add it to its token.
 
@@ -108,38 +108,44 @@ class ExpertParallelMoE(nn.Module):
         group, n, k, m = self.group, self.n_ranks, self.top_k, self.per_rank
         probs = F.softmax(self.router(tokens), dim=-1)
         gates, chosen = probs.topk(k, dim=-1)
-        # assignments (token-major) sorted by expert: grouped by owner, then by expert
-        expert_of = chosen.reshape(-1)
-        order = torch.sort(expert_of, stable=True).indices
+        # assignments (token-major, a = t k + j) sorted by (expert, choice): grouped by
+        # owner, then by expert, then by choice
+        run_of = chosen * k + torch.arange(k, device=chosen.device)  # expert e, choice j: e k + j
+        order = torch.sort(run_of.reshape(-1), stable=True).indices
         token_of = order // k
         outgoing = tokens[token_of]
+        per_peer = m * k  # (expert, choice) runs each peer owns
         with trace.span("dispatch", "comm"):
             # first choices (for the aux loss) and tokens, over all ranks: one all-reduce
             firsts = torch.bincount(chosen[:, 0], minlength=self.n_experts)
             summed = _summed(torch.cat([firsts, firsts.new_tensor([tokens.shape[0]])]), group)
-            # rows per expert; peer p's piece is the counts of its experts p m .. p m + m - 1
-            mine = torch.bincount(expert_of, minlength=self.n_experts)
+            # rows per (expert, choice); peer p's piece: its experts' runs, p m k .. p m k + m k - 1
+            mine = torch.bincount(run_of.reshape(-1), minlength=self.n_experts * k)
             theirs = torch.empty_like(mine)
-            self.exchange(theirs, mine, [m] * n, [m] * n, group)
+            self.exchange(theirs, mine, [per_peer] * n, [per_peer] * n, group)
             # one read of all three: on a GPU every read waits for the device
             numbers = torch.cat([mine, theirs, summed[-1:]]).tolist()
             total = numbers.pop()
-            sent = [numbers[p * m:p * m + m] for p in range(n)]
-            got = [numbers[(n + p) * m:(n + p) * m + m] for p in range(n)]
+            sent = [numbers[p * per_peer:(p + 1) * per_peer] for p in range(n)]
+            got = [numbers[(n + p) * per_peer:(n + p + 1) * per_peer] for p in range(n)]
             send, recv = [sum(row) for row in sent], [sum(row) for row in got]
             rows = AllToAll.apply(outgoing, recv, send, group, "dispatch", self.exchange)
         cap = capacity(total, k, self.n_experts, self.capacity_factor)
-        # rows came by source rank, then by expert: a stable sort by expert makes each
-        # expert's rows contiguous in the dense order (rank, then token)
+        # rows came by source rank, then by (expert, choice): a stable sort by (expert,
+        # choice, source rank) puts each expert's rows in the dense layer's queue order,
+        # first choices first, and within a choice by rank then token
         regroup = None
-        if m > 1 and rows.shape[0]:
-            segments = torch.arange(m, device=rows.device).repeat(n)
-            expert_row = torch.repeat_interleave(segments, theirs, output_size=rows.shape[0])
-            regroup = torch.sort(expert_row, stable=True).indices
+        if rows.shape[0] and (n > 1 or k > 1 or m > 1):
+            local, choice, source = torch.meshgrid(
+                torch.arange(m, device=rows.device), torch.arange(k, device=rows.device),
+                torch.arange(n, device=rows.device), indexing="ij")
+            queue = (local * k * n + choice * n + source).permute(2, 0, 1).reshape(-1)
+            place = torch.repeat_interleave(queue, theirs, output_size=rows.shape[0])
+            regroup = torch.sort(place, stable=True).indices
             rows = rows[regroup]
         pieces, at, ran = [], 0, False
         for local, expert in enumerate(self.experts):
-            arrived = sum(got[p][local] for p in range(n))
+            arrived = sum(got[p][local * k + j] for p in range(n) for j in range(k))
             kept = min(cap, arrived)
             if kept:
                 ran = True

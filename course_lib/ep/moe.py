@@ -4,11 +4,11 @@ equal (Lab 07).
 A router scores every token against the E experts; each token goes to its top-k
 experts, weighted by the router's probability of each (Switch's gates, not
 renormalised over the k). Expert e takes at most C = ceil(capacity_factor x T x k / E)
-of the T x k assignments, kept in assignment order a = t k + j (token by token, a
-token's choices best first; GShard's and DeepSpeed-MoE's top-2 gating serve every first
-choice before any second, which differs for k > 1): the rest are dropped, and a token dropped
-by all its experts passes through the layer as zero (the residual around the layer
-carries it). The load-balancing loss of Switch Transformer:
+of the T x k assignments, first choices first, as GShard's and DeepSpeed-MoE's top-2
+gating do: every token's first choice in token order, then every second choice, and so
+on (served token by token instead, token t's second choice could take the last slot
+ahead of token t + 1's first). The rest are dropped, and a token dropped by all its
+experts passes through the layer as zero (the residual around the layer carries it). The load-balancing loss of Switch Transformer:
 
     aux = E x sum_e f_e P_e,   f_e: the share of tokens whose first choice is e,
                                P_e: the mean router probability of e
@@ -47,11 +47,15 @@ def capacity(n_tokens, top_k, n_experts, capacity_factor):
 
 def kept_assignments(chosen, n_experts, cap):
     """(T, k) bool: which of the token-by-choice assignments ``chosen`` (T, k) fit in
-    their expert's capacity, kept in assignment order t k + j."""
-    flat = chosen.reshape(-1)
-    one_hot = F.one_hot(flat, n_experts)
-    place = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # 0-based arrival at its expert
-    return (place < cap).reshape(chosen.shape)
+    their expert's capacity ``cap``, served first choices first: (j, t) in the order
+    j T + t, every token's choice j before any token's choice j + 1.
+
+        chosen = [[1, 0], [0, 1]], cap = 1  ->  [[True, False], [True, False]]
+        (token 0's second choice, expert 0, waits behind token 1's first)"""
+    by_choice = chosen.t().reshape(-1)  # j-major: position j T + t
+    one_hot = F.one_hot(by_choice, n_experts)
+    place = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # 0-based place in its expert's queue
+    return (place < cap).reshape(chosen.shape[1], chosen.shape[0]).t()
 
 
 def balance_loss(probs, chosen, n_experts):

@@ -81,8 +81,9 @@ def sent_in_one_forward():
 
 def test_the_dispatch_sends_rows_and_counts_per_expert_and_no_expert_ids():
     for sent, to_peer, from_peer in run(sent_in_one_forward, nproc=2):
-        # rows out and results back (float32), and the peer's two experts' counts (int64)
-        assert sent == 4 * SHAPE["dim"] * (to_peer + from_peer) + 8 * 2
+        # rows out and results back (float32), and the counts of the peer's two experts,
+        # one per choice (int64): the owner serves first choices first
+        assert sent == 4 * SHAPE["dim"] * (to_peer + from_peer) + 8 * 2 * SHAPE["top_k"]
 
 
 def test_measure_checks_ours_against_dense_and_splits_a_step():

@@ -1,5 +1,6 @@
 """Dispatch and combine in one process (Exercise 7.7's reference): the MoE built from them
-equals the MoE layer, and dispatch keeps each expert's first `capacity` assignments."""
+equals the MoE layer, and dispatch keeps `capacity` assignments per expert, first choices
+first."""
 import torch
 
 from course_lib.ep import MoE
@@ -24,3 +25,10 @@ def test_dispatch_keeps_the_first_assignments_and_counts_rows_per_rank():
     gates = torch.ones(6, 2)
     out = combine(rows, order, gates, n_tokens=6)
     assert out.squeeze(1).tolist() == [0 + 5, 3 + 6, 1 + 8, 2 + 7, 4 + 0, 9]
+
+
+def test_a_first_choice_outranks_an_earlier_tokens_second_choice():
+    # expert 0 has one slot: token 1's first choice (a = 2) takes it, not token 0's second
+    # (a = 1), though a = 1 comes first token by token; expert 1 likewise keeps a = 0
+    order, counts = dispatch(torch.tensor([[1, 0], [0, 1]]), n_experts=2, n_ranks=2, capacity=1)
+    assert order.tolist() == [2, 0] and counts == [1, 1]

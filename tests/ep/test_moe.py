@@ -1,5 +1,5 @@
 """The single-process MoE (pure): gates, capacity and the aux loss against a plain
-token-by-token loop; first come first served; uniform routing gives aux = 1."""
+loop; first choices served first; uniform routing gives aux = 1."""
 import math
 
 import pytest
@@ -10,14 +10,16 @@ from course_lib.ep import MoE, balance_loss, capacity, kept_assignments
 
 
 def loop_reference(moe, tokens):
-    """Token by token, choice by choice, counting each expert's load as it goes."""
+    """Choice by choice (every first choice, then every second), token by token within
+    a choice, counting each expert's load as it goes."""
     probs = F.softmax(moe.router(tokens), -1)
     cap = capacity(tokens.shape[0], moe.top_k, moe.n_experts, moe.capacity_factor)
     load = [0] * moe.n_experts
     out = torch.zeros_like(tokens)
-    for t in range(tokens.shape[0]):
-        gates, chosen = probs[t].topk(moe.top_k)
-        for g, e in zip(gates, chosen.tolist()):
+    for j in range(moe.top_k):
+        for t in range(tokens.shape[0]):
+            gates, chosen = probs[t].topk(moe.top_k)
+            g, e = gates[j], int(chosen[j])
             if load[e] < cap:
                 out[t] += g * moe.experts[e](tokens[t:t + 1])[0]
             load[e] += 1
@@ -38,11 +40,15 @@ def test_the_layer_equals_a_token_by_token_loop(top_k, factor):
     assert aux.item() == pytest.approx(want_aux.item(), rel=1e-6)
 
 
-def test_capacity_is_first_come_first_served():
-    chosen = torch.tensor([[0], [1], [0], [0], [1], [2]])
+def test_capacity_serves_first_choices_first():
+    chosen = torch.tensor([[0], [1], [0], [0], [1], [2]])  # top-1: token order
     assert capacity(6, 1, 3, 1.0) == 2
     kept = kept_assignments(chosen, 3, cap=2)
     assert kept.squeeze(1).tolist() == [True, True, True, False, True, True]
+    # top-2: token 0's second choice (expert 0) waits behind token 1's first, and loses
+    # the one slot to it; served token by token it would have taken it
+    kept = kept_assignments(torch.tensor([[1, 0], [0, 1], [2, 0]]), 3, cap=1)
+    assert kept.tolist() == [[True, False], [True, False], [True, False]]
 
 
 def test_uniform_routing_gives_an_aux_loss_of_one():

@@ -400,10 +400,14 @@ def test_router_wrong_answers(wrong_route, wrong_loss, reason):
 
 # ---- 7.7: dispatch and combine ------------------------------------------------------------
 def dispatch(chosen, n_experts, n_ranks, capacity, use_capacity=True, stable=True,
-             per_rank=True):
+             per_rank=True, first_choices_first=True):
     flat = chosen.reshape(-1).tolist()
+    k = chosen.shape[1]
+    queue = sorted(range(len(flat)), key=lambda a: (a % k, a // k) if first_choices_first
+                   else a)
     taken, kept = [0] * n_experts, []
-    for a, e in enumerate(flat):
+    for a in queue:
+        e = flat[a]
         if taken[e] < capacity or not use_capacity:
             taken[e] += 1
             kept.append(a)
@@ -429,6 +433,8 @@ def test_dispatch_passes_as_judged(sandbox):
 
 @pytest.mark.parametrize("wrong_dispatch, wrong_combine, reason", [
     (lambda *a: dispatch(*a, use_capacity=False), combine, "its capacity"),
+    (lambda *a: dispatch(*a, first_choices_first=False), combine,
+     "served token by token: a token's second choice took"),
     (lambda *a: dispatch(*a, stable=False), combine, "keep token order within an expert"),
     (lambda *a: dispatch(*a, per_rank=False), combine, "one count per rank"),
     (dispatch, lambda *a: combine(*a, inverse=False), "apply the inverse"),

@@ -50,17 +50,21 @@ def _grade_dispatch(ex, call, got, chosen, order, counts, experts, ranks, cap):
         per_expert = [sum(1 for a in got_order if 0 <= a < len(flat) and flat[a] == e)
                       for e in range(experts)]
         over = [e for e in range(experts) if per_expert[e] > cap]
+        token_by_token, _ = references.expected_dispatch(chosen, experts, ranks, cap,
+                                                         first_choices_first=False)
         if over:
             why = (f"expert {over[0]} got {per_expert[over[0]]} assignments but its capacity "
-                   f"is {cap}: drop the ones after the first {cap} (in token order)")
+                   f"is {cap}: keep {cap} and drop the rest")
         elif sorted(got_order) == sorted(order):
             why = ("the right assignments in the wrong order: group them by expert, and keep "
                    "token order within an expert (a stable sort)")
+        elif sorted(got_order) == sorted(token_by_token):
+            why = ("served token by token: a token's second choice took an expert's last "
+                   "slot ahead of a later token's first choice. Serve every first choice "
+                   "(in token order) before any second choice, as GShard's top-2 gating does")
         else:
-            why = ("not the assignments that fit: expert e keeps the first `capacity` "
-                   "assignments a = t*k + j that chose it, in increasing a (if you sort by "
-                   "expert first, the sort must be stable, torch.sort(..., stable=True), so "
-                   "that an expert's first rows are its earliest assignments)")
+            why = ("not the assignments that fit: expert e takes the first choices that "
+                   "chose it in token order, then the second choices, up to `capacity`")
         raise checks.CheckFailed(f"{ex}: {call}: order {got_order}, expected {order}.\n"
                                  f"Why: {why}")
     if got_counts != counts:

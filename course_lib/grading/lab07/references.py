@@ -258,7 +258,9 @@ def ulysses_expected(world, causal, local_only=False):
 def dispatch_cases(seed=74):
     """[(chosen (T, k), n_experts, n_ranks, capacity)]."""
     rng = random.Random(seed)
-    cases = [(torch.tensor([[0, 2], [2, 1], [0, 3], [0, 2], [1, 0], [3, 2]]), 4, 2, 3)]
+    cases = [(torch.tensor([[0, 2], [2, 1], [0, 3], [0, 2], [1, 0], [3, 2]]), 4, 2, 3),
+             # token by token, token 0's second choice would take expert 0's one slot
+             (torch.tensor([[1, 0], [0, 1], [2, 0], [0, 2]]), 3, 3, 1)]
     for n_tokens, k, experts, ranks, cap in [(10, 1, 4, 2, 3), (16, 2, 6, 3, 4),
                                              (9, 2, 4, 4, 9), (20, 3, 8, 2, 5), (7, 1, 3, 3, 1)]:
         chosen = [rng.sample(range(experts), k) for _ in range(n_tokens)]
@@ -266,12 +268,17 @@ def dispatch_cases(seed=74):
     return cases
 
 
-def expected_dispatch(chosen, n_experts, n_ranks, capacity):
-    """(order, counts) by a loop: keep an assignment while its expert has room, in
-    token-major order, then group the kept ones by expert."""
+def expected_dispatch(chosen, n_experts, n_ranks, capacity, first_choices_first=True):
+    """(order, counts) by a loop: keep an assignment while its expert has room, serving
+    every token's first choice, then every second one (``first_choices_first=False``:
+    token by token, the order a = t k + j), then group the kept ones by expert."""
     flat = chosen.reshape(-1).tolist()
+    n_tokens, k = chosen.shape
+    queue = (sorted(range(len(flat)), key=lambda a: (a % k, a // k)) if first_choices_first
+             else range(len(flat)))
     taken, kept = [0] * n_experts, []
-    for a, e in enumerate(flat):
+    for a in queue:
+        e = flat[a]
         if taken[e] < capacity:
             taken[e] += 1
             kept.append(a)
