@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib.hybrid.four_d import dp_cp_tp_pp
 from course_lib.hybrid.three_d import dp_tp_pp
 from course_lib.mesh import ParallelDims
 from course_lib.models import GPT, Block, GPTConfig
@@ -48,8 +49,8 @@ from course_lib.runtime.backend import current_device
 
 STRATEGIES = {"dp": "DP", "dp_tp": "DP x TP", "dp_pp": "DP x PP", "dp_fsdp": "DP x FSDP"}
 # the 2-D strategies above run on dp * inner ranks; DP x TP x PP splits inner = tp * pp
-# (course_lib.hybrid.three_d)
-LABELS = {**STRATEGIES, "dp_tp_pp": "DP x TP x PP"}
+# (course_lib.hybrid.three_d), DP x CP x TP x PP inner = cp * tp * pp (.four_d)
+LABELS = {**STRATEGIES, "dp_tp_pp": "DP x TP x PP", "dp_cp_tp_pp": "DP x CP x TP x PP"}
 LR = 3e-3
 
 
@@ -70,7 +71,7 @@ class Strategy:
         """This rank's rows of a global batch."""
         index, count = self.replica
         if batch.shape[0] % count:
-            raise ValueError(f"{STRATEGIES[self.name]}: a batch of {batch.shape[0]} rows does "
+            raise ValueError(f"{LABELS[self.name]}: a batch of {batch.shape[0]} rows does "
                              f"not split evenly over {count} data-parallel replicas")
         size = batch.shape[0] // count
         return batch[index * size:(index + 1) * size]
@@ -108,16 +109,17 @@ def _whole_model_step(run, model, loss_fn, holds_loss):
 
 
 def build(name, cfg: GPTConfig, dp=2, inner=2, seed=0, lr=LR, microbatches=2,
-          schedule="1f1b", collectives="torch", tp=2):
+          schedule="1f1b", collectives="torch", tp=2, cp=2):
     """Build strategy ``name`` (a key of :data:`LABELS`) on every rank of a
     ``dp * inner``-rank job, from ``GPT(cfg, seed)``'s weights, with AdamW
-    (``tp``: DP x TP x PP's tensor-parallel degree, inner = tp x pp)."""
+    (``tp``: DP x TP x PP's tensor-parallel degree, inner = tp x pp; ``cp``: DP x CP x
+    TP x PP's context-parallel degree, inner = cp x tp x pp)."""
     builders = {"dp": _dp, "dp_tp": _dp_tp, "dp_pp": _dp_pp, "dp_fsdp": _dp_fsdp,
-                "dp_tp_pp": dp_tp_pp}
+                "dp_tp_pp": dp_tp_pp, "dp_cp_tp_pp": dp_cp_tp_pp}
     if name not in builders:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(LABELS)}")
     return builders[name](cfg, dp, inner, seed, lr, microbatches=microbatches,
-                          schedule=schedule, collectives=collectives, tp=tp)
+                          schedule=schedule, collectives=collectives, tp=tp, cp=cp)
 
 
 def _dp(cfg, dp, inner, seed, lr, collectives, **_):

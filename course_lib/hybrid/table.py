@@ -47,7 +47,7 @@ def pipeline_pieces(cfg: GPTConfig):
     return [embed] + [block] * cfg.layers + [head]
 
 
-def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2):
+def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2):
     """Parameters held by the rank that holds most, under strategy ``name``.
 
     - DP: all P.
@@ -57,17 +57,20 @@ def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2):
     - DP x FSDP: each unit (a block; the root: embeddings and head) flattened,
       padded to a multiple of n = inner and cut into n shards.
     - DP x TP x PP: the largest stage of the pp = inner / tp partition, its blocks
-      split t ways as under DP x TP."""
+      split t ways as under DP x TP.
+    - DP x CP x TP x PP: as DP x TP x PP with pp = inner / (cp tp): the cp ranks of a
+      stage hold the same weights (context parallelism splits activations only)."""
     d, pieces = cfg.dim, pipeline_pieces(cfg)
     if name == "dp":
         return gpt_param_count(cfg)
     if name == "dp_tp":
         block = (12 * d * d + 4 * d) // inner + 6 * d
         return pieces[0] + cfg.layers * block + pieces[-1]
-    if name in ("dp_pp", "dp_tp_pp"):
-        t = tp if name == "dp_tp_pp" else 1
+    if name in ("dp_pp", "dp_tp_pp", "dp_cp_tp_pp"):
+        t = tp if name != "dp_pp" else 1
+        c = cp if name == "dp_cp_tp_pp" else 1
         split = [pieces[0]] + [(12 * d * d + 4 * d) // t + 6 * d] * cfg.layers + [pieces[-1]]
-        ranges = partition(gpt_piece_costs(cfg), inner // t)
+        ranges = partition(gpt_piece_costs(cfg), inner // (t * c))
         return max(sum(split[i] for i in r) for r in ranges)
     if name == "dp_fsdp":
         units = [pieces[0] + pieces[-1]] + pieces[1:-1]
@@ -75,9 +78,9 @@ def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2):
     raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(LABELS)}")
 
 
-def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2, tp=2):
+def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2):
     """Bytes of parameters, gradients and AdamW state on the fullest rank (fp32)."""
-    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner, tp)
+    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner, tp, cp)
 
 
 def _max(value):
@@ -114,8 +117,8 @@ def measure_strategy(name, cfg: GPTConfig, batch=8, steps=3, dp=2, inner=2, **kw
         return {"strategy": LABELS[name], "tokens_per_s": batch * cfg.seq_len / seconds,
                 "step_ms": 1e3 * seconds,
                 "state_mb": _max(state) / 1e6,
-                "state_estimate_mb": model_state_estimate(name, cfg, dp, inner,
-                                                          kw.get("tp", 2)) / 1e6,
+                "state_estimate_mb": model_state_estimate(name, cfg, dp, inner, kw.get("tp", 2),
+                                                          kw.get("cp", 2)) / 1e6,
                 "step_peak_mb": _max(peak.peak) / 1e6,
                 "collective_mb": _max(collective_bytes) / 1e6,
                 "p2p_mb": _max(stats.sent_bytes) / 1e6}

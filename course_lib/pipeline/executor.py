@@ -17,13 +17,15 @@ stage then runs its actions in order: F(mb) takes the microbatch (stage 0) or
 the activation from stage s-1, B(mb) the gradient from stage s+1. Naive model
 parallelism is the same step with m = 1.
 
-Messages go through :func:`course_lib.comm.exchange_async`, counted, with tag
-:data:`ACT_TAG` for activations and :data:`GRAD_TAG` for gradients. After each
+Messages go through :func:`course_lib.comm.exchange_async`, counted, untagged: a link
+carries the header and activations one way and gradients the other, and each way's
+messages are matched in the order both ends post them, as NCCL matches them (it has
+no tags; under its rules a tag is refused). After each
 action one exchange posts that action's sends *together with* the receives the
 next action needs (Megatron's send-forward-recv-backward pairing), and the next
 action waits for it. On NCCL each exchange is one ``batch_isend_irecv`` group,
 and waiting on it makes the GPU stream wait, not the host. Why that cannot
-deadlock on NCCL, which ignores tags and matches by posting order: both ends of
+deadlock on NCCL, which matches by posting order: both ends of
 a link post its messages in the same order (``validate`` checks that F and B
 run in the same microbatch order on neighbouring stages), and before running a
 schedule the executor checks it with
@@ -58,7 +60,6 @@ from course_lib.pipeline.validate import as_actions, chunks_of, deadlock, valida
 from course_lib.pipeline.stage import backward_step as _default_backward
 from course_lib.pipeline.stage import forward_step as _default_forward
 
-HEADER_TAG, ACT_TAG, GRAD_TAG = 70, 71, 72
 HEADER_LEN = 16  # rows, m, dtype code, ndim, then up to 12 dimensions
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool)
@@ -134,7 +135,7 @@ def _exchange_header(stage, batch, m):
     else:
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=stage.device)
         with _messages_traced(stage):
-            comm.exchange(recvs=[(header, stage.prev, HEADER_TAG)], group=group)
+            comm.exchange(recvs=[(header, stage.prev)], group=group)
         n_rows, sent_m, dtype, tail = _read_header(header)
         if sent_m != m:
             raise ValueError(f"stage {s} runs a schedule of m={m} microbatches but stage 0 "
@@ -146,7 +147,7 @@ def _exchange_header(stage, batch, m):
     outgoing = _output_template(stage, *incoming)
     with _messages_traced(stage):
         sent = comm.exchange_async(
-            sends=[(_header(n_rows, m, *outgoing, stage.device), stage.next, HEADER_TAG)],
+            sends=[(_header(n_rows, m, *outgoing, stage.device), stage.next)],
             group=group)
     return n_rows, incoming, outgoing, sent
 
@@ -236,11 +237,11 @@ def pipeline_step(stage, schedule, batch=None, targets=None, loss_fn=None, n_mic
         if kind == "F" and not stage.is_first:
             buf = incoming[action] = torch.empty((rows[mb], *in_tail), dtype=in_dtype,
                                                  device=device)
-            return [(buf, stage.prev, ACT_TAG)]
+            return [(buf, stage.prev)]
         if kind == "B" and gets_grad:
             buf = incoming[action] = torch.empty((rows[mb], *out_tail), dtype=out_dtype,
                                                  device=device)
-            return [(buf, stage.next, GRAD_TAG)]
+            return [(buf, stage.next)]
         return []
 
     tracker = _Tracker(stage)
@@ -274,14 +275,14 @@ def pipeline_step(stage, schedule, batch=None, targets=None, loss_fn=None, n_mic
                     or out.dtype != out_dtype):
                 raise ValueError(f"stage {s}: the forward of microbatch {mb} returned "
                                  f"{_what(out)}; the next stage expects shape {want}, {out_dtype}")
-            sends.append((out.detach().contiguous(), stage.next, ACT_TAG))
+            sends.append((out.detach().contiguous(), stage.next))
         elif sends_grad:
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (rows[mb], *in_tail):
                 raise ValueError(
                     f"stage {s}: the backward of microbatch {mb} returned {_what(out)} instead of "
                     f"the gradient of its input, shape {(rows[mb], *in_tail)} (did the forward "
                     f"make the received activation require grad?)")
-            sends.append((out.detach().to(in_dtype).contiguous(), stage.prev, GRAD_TAG))
+            sends.append((out.detach().to(in_dtype).contiguous(), stage.prev))
         nxt = receives_for(actions[i + 1]) if i + 1 < len(actions) else []
         with _messages_traced(stage):
             if runs_ahead and sends:

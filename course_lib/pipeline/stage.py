@@ -133,6 +133,7 @@ class GPTStage(nn.Module):
             raise ValueError(f"pieces must be a non-empty range within [0, {n}), got {pieces!r}")
         self.cfg, self.pieces = cfg, pieces
         self.has_embed, self.has_head = 0 in pieces, n - 1 in pieces
+        self.pos_offset = 0  # the position of x's first token (context parallelism: its chunk's)
         if self.has_embed:
             self.tok = nn.Embedding(cfg.vocab, cfg.dim)
             self.pos = nn.Embedding(cfg.seq_len, cfg.dim)
@@ -145,7 +146,8 @@ class GPTStage(nn.Module):
 
     def forward(self, x):  # tokens (B, T) or activations (B, T, D) -> (B, T, D) or logits
         if self.has_embed:
-            x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+            start = self.pos_offset
+            x = self.tok(x) + self.pos(torch.arange(start, start + x.shape[1], device=x.device))
         for block in self.blocks.values():
             x = block(x)
         if self.has_head:

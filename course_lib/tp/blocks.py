@@ -107,7 +107,13 @@ class ParallelMLP(nn.Sequential):
 class ParallelAttention(nn.Module):
     """Causal self-attention over this rank's H/t heads: ``qkv`` column-parallel by
     heads (weight (3h/t, h)), ``proj`` row-parallel (weight (h, h/t), bias whole).
-    ValueError unless t divides the number of heads."""
+    ValueError unless t divides the number of heads. ``attend(q, k, v)`` is the
+    attention of the local heads (dense and causal; Lab 06's 4D mesh puts Lab 07's ring
+    there, over the heads' chunk of the sequence)."""
+
+    @staticmethod
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def __init__(self, dim, heads, *, group=None, collectives="torch", sequence_parallel=False,
                  name="", seed=0, device=None, dtype=None):
@@ -143,7 +149,7 @@ class ParallelAttention(nn.Module):
         q, k, v = self.qkv.local(x).chunk(3, dim=-1)  # each (b, s, h/t)
         q, k, v = (z.view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
                    for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, H/t, s, h/H)
+        y = self.attend(q, k, v)  # (b, H/t, s, h/H)
         return self.proj.partial(y.transpose(1, 2).reshape(b, s, -1))
 
     def forward(self, x):
