@@ -1,9 +1,11 @@
-"""What one mesh (dp, tp, pp) costs on paper: memory per GPU, step time, MFU (Lab 06).
+"""What one mesh (dp, tp, pp, and cp) costs on paper: memory per GPU, step time, MFU (Lab 06).
 
 Pure arithmetic on the lecture's formulas, for OLMo-sized models on real nodes.
 Notation: s = T tokens per sequence, b the microbatch (sequences per model
 replica), h = D, N layers, V vocabulary, P parameters (:func:`param_count`);
-n = dp * tp * pp GPUs, m = global_batch / (dp b) microbatches per step.
+n = dp * cp * tp * pp GPUs, m = global_batch / (dp b) microbatches per step; c = cp
+cuts every sequence into c chunks of s/c tokens (context parallelism, Lab 07: the ring
+of K, V blocks), laid out between tp and dp as :mod:`~course_lib.hybrid.four_d` lays it.
 
     memory_per_gpu(OLMO["OLMo 7B"], Mesh(dp=16, pp=2), Workload())["total"] / GB
     step_time(OLMO["OLMo 7B"], Mesh(dp=16, pp=2), Workload(), H100_80GB)["mfu"]
@@ -13,13 +15,15 @@ n = dp * tp * pp GPUs, m = global_batch / (dp b) microbatches per step.
 **Memory**, on the pipeline stage that needs the most:
 
 - model state: 16 bytes per parameter the GPU holds (bf16 weights and gradients,
-  fp32 master copy, Adam's m and v), sharded over dp by the ZeRO stage; with
-  ZeRO-3 the unit in use and the one prefetched are whole as well;
+  fp32 master copy, Adam's m and v), sharded over the dp c ranks that hold the same
+  weights by the ZeRO stage (torchtitan shards over dp x cp too); with ZeRO-3 the unit
+  in use and the one prefetched are whole as well;
 - activations (Korthikanti et al., FlashAttention, sequence parallelism):
   34 s b h / tp bytes per layer per microbatch in flight, and 1F1B keeps
   min(pp - stage, m) in flight; with checkpointing a layer keeps only its input,
   2 s b h / tp, and one layer is whole while it is recomputed. The last stage
-  adds one microbatch's fp32 logits, 4 s b V / tp;
+  adds one microbatch's fp32 logits, 4 s b V / tp. Every activation term is divided by
+  c: a GPU holds its chunk of each sequence;
 - left out: the CUDA context and NCCL's buffers (a few GB), the allocator's
   fragmentation, transient buffers (gradient buckets, the loss's softmax), the
   embedding's output. :func:`fits` keeps a reserve for them.
@@ -28,26 +32,30 @@ n = dp * tp * pp GPUs, m = global_batch / (dp b) microbatches per step.
 every communication on the critical path unless said otherwise:
 
 - compute: 6 FLOPs per parameter per token (8 with recompute: one more forward),
-  on the GPU that holds the most parameters; attention's s^2 term is left out,
-  as in the notes' 6P;
+  on the GPU that holds the most parameters, its tokens a 1/(dp c) share; attention's
+  s^2 term is left out, as in the notes' 6P (so CP's saving on it is not counted);
 - bubble: compute (pp-1)/m, so the pipeline idles (p-1)/(m+p-1) of the time;
 - tp_comm: per layer per microbatch 4 all-reduces of b s h bf16 (6 with
   recompute; sequence parallelism's all-gather + reduce-scatter costs the same);
 - pp_comm: :func:`pp_messages` messages of b s h / tp bf16 (sequence parallelism
   leaves each tp rank a 1/tp slice of the activation to send);
+- cp_comm: the ring, per layer per microbatch c - 1 steps forward, each passing a K, V
+  chunk of 2 b (s/c) h / tp bf16, and twice that backward (K, V again and their
+  gradients); a step exposes what the layer's compute for it, 1/c of the layer's, leaves;
 - dp_comm: what of the gradient and parameter traffic compute cannot hide
-  (:func:`dp_exposed`);
+  (:func:`dp_exposed`), over the dp c ranks that hold the same weights;
 - MFU = 6 P tokens / (total n peak): recompute, bubble and waiting all lower it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from course_lib.collectives.cost_model import p2p_time, reduce_scatter_time, ring_all_reduce_time
 from course_lib.memory.estimate import (GB, activation_bytes_megatron, fsdp_peak_param_bytes,
                                         model_state_bytes, param_count, piece_params)
-from course_lib.mesh import ParallelDims
+from course_lib.hybrid.four_d import FourDims
 from course_lib.pipeline.partition import even_split
 from course_lib.tp.volume import (GPUS_PER_NODE, H100_BF16_DENSE_TFLOPS, INFINIBAND_GBPS,
                                   NVLINK_GPU_GBPS, NVLINK_PAIR_GBPS)
@@ -94,13 +102,14 @@ class Mesh:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1  # last: Mesh(dp, tp, pp) reads as it always did
 
     @property
     def n_gpus(self):
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def __str__(self):
-        return f"dp={self.dp} tp={self.tp} pp={self.pp}"
+        return f"dp={self.dp} tp={self.tp} pp={self.pp}" + (f" cp={self.cp}" if self.cp > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -150,12 +159,13 @@ def params_per_gpu(shape, mesh):
 
 
 def _stage_memory(shape, mesh, work, stage, layers, units):
-    state = model_state_bytes(sum(units), n=mesh.dp, stage=work.zero)
-    if work.zero == 3 and mesh.dp > 1:
+    replicas = mesh.dp * mesh.cp  # the ranks holding the same weights
+    state = model_state_bytes(sum(units), n=replicas, stage=work.zero)
+    if work.zero == 3 and replicas > 1:
         # the unit computing and the one prefetched (FSDP2's default) are gathered whole
-        state["params"] = fsdp_peak_param_bytes([2 * u for u in units], mesh.dp, prefetch=1)
-    s, b, h = shape.seq_len, work.micro_batch, shape.dim
-    layer = activation_bytes_megatron(shape, b, flash=True) / shape.layers / mesh.tp
+        state["params"] = fsdp_peak_param_bytes([2 * u for u in units], replicas, prefetch=1)
+    s, b, h = shape.seq_len / mesh.cp, work.micro_batch, shape.dim  # this GPU's chunk
+    layer = activation_bytes_megatron(shape, b, flash=True) / shape.layers / mesh.tp / mesh.cp
     in_flight = min(mesh.pp - stage, work.microbatches(mesh))
     if work.checkpointing:
         acts = layers * in_flight * 2 * s * b * h / mesh.tp + layer
@@ -184,19 +194,22 @@ def fits(shape, mesh, work, gpu, reserve=0.1):
     return memory_per_gpu(shape, mesh, work)["total"] <= (1 - reserve) * gpu.memory_gb * GB
 
 
+# the groups a dim's traffic runs in: gradients go over every rank holding the same weights
+_GROUP_DIMS = {"tp": ("tp",), "pp": ("pp",), "cp": ("cp",), "dp": ("dp", "cp")}
+
+
 @lru_cache(maxsize=None)
 def _spans_nodes(mesh, dim, gpus_per_node):
-    dims = ParallelDims(dp=mesh.dp, pp=mesh.pp, tp=mesh.tp)
-    for rank in range(mesh.n_gpus):
-        if getattr(dims.coords_of(rank), dim) == 0:  # each group once, from its first rank
-            if len({r // gpus_per_node for r in dims.group_ranks(dim, rank)}) > 1:
-                return True
+    dims = FourDims(dp=mesh.dp, cp=mesh.cp, tp=mesh.tp, pp=mesh.pp)
+    for ranks in {tuple(dims.group_ranks(_GROUP_DIMS[dim], r)) for r in range(mesh.n_gpus)}:
+        if len({r // gpus_per_node for r in ranks}) > 1:
+            return True
     return False
 
 
 def _link(gpu, mesh, dim):
     """(alpha in s, bytes/s) of the groups along ``dim``, ranks placed as torchrun
-    numbers them and laid out as ParallelDims. While every group sits in a node,
+    numbers them and laid out as FourDims (tp, cp, dp, pp). While every group sits in a node,
     NVLink: on a board wired GPU to GPU a collective over g ranks runs several rings in
     different orders and so uses the links to all g-1 peers (tp.volume's
     ``link_bandwidth(all_links=True)``), a pipeline message goes over the one pair's
@@ -204,8 +217,8 @@ def _link(gpu, mesh, dim):
     Once a group spans nodes, InfiniBand, since a ring or a chain runs at its slowest hop."""
     if _spans_nodes(mesh, dim, gpu.gpus_per_node):
         return gpu.ib_alpha_s, gpu.ib_gbps * 1e9
-    size = getattr(mesh, dim)
-    peers = 1 if dim == "pp" or gpu.nvswitch else max(1, min(size - 1, gpu.gpus_per_node - 1))
+    size = math.prod(getattr(mesh, d) for d in _GROUP_DIMS[dim])
+    peers = 1 if dim in ("pp", "cp") or gpu.nvswitch else max(1, min(size - 1, gpu.gpus_per_node - 1))
     return gpu.nvlink_alpha_s, gpu.nvlink_pair_gbps * peers * 1e9
 
 
@@ -245,7 +258,7 @@ def dp_exposed(grad_bytes, dp, m, zero, compute, backward, link):
 
 
 def step_time(shape, mesh, work, gpu, efficiency=1.0):
-    """Seconds per step {"compute", "bubble", "tp_comm", "pp_comm", "dp_comm",
+    """Seconds per step {"compute", "bubble", "tp_comm", "pp_comm", "cp_comm", "dp_comm",
     "total"} and "mfu", as the module's docstring lays out."""
     m = work.microbatches(mesh)
     tokens = work.global_batch * shape.seq_len
@@ -254,10 +267,12 @@ def step_time(shape, mesh, work, gpu, efficiency=1.0):
     # counts them (they are lookups): MFU stays <= 1, and stage 0 looks a little heavier
     p_gpu = max(sum(units) for _, units in stages)
     layers = max(n for n, _ in stages)  # the slowest stage sets the pace
-    flops = (8 if work.checkpointing else 6) * p_gpu * tokens / mesh.dp
+    flops = (8 if work.checkpointing else 6) * p_gpu * tokens / (mesh.dp * mesh.cp)
     compute = flops / (gpu.tflops * 1e12 * efficiency)
     backward = compute / m * (6 / 8 if work.checkpointing else 4 / 6)
-    act = 2 * work.micro_batch * shape.seq_len * shape.dim  # b s h in bf16
+    act = 2 * work.micro_batch * shape.seq_len * shape.dim / mesh.cp  # b (s/c) h in bf16
+    ring_step = float(p2p_time(2 * act / mesh.tp, *_link(gpu, mesh, "cp"))) if mesh.cp > 1 else 0
+    hidden = compute / (m * layers * mesh.cp)  # a layer's compute for one ring step
     tp_ops = 6 if work.checkpointing else 4
     out = {
         "compute": compute,
@@ -266,7 +281,8 @@ def step_time(shape, mesh, work, gpu, efficiency=1.0):
                                                               *_link(gpu, mesh, "tp")),
         "pp_comm": pp_messages(mesh.pp, m) * float(p2p_time(act / mesh.tp,
                                                             *_link(gpu, mesh, "pp"))),
-        "dp_comm": dp_exposed(2 * p_gpu, mesh.dp, m, work.zero, compute, backward,
+        "cp_comm": 3 * (mesh.cp - 1) * layers * m * max(0.0, ring_step - hidden),
+        "dp_comm": dp_exposed(2 * p_gpu, mesh.dp * mesh.cp, m, work.zero, compute, backward,
                               _link(gpu, mesh, "dp")),
     }
     out["total"] = sum(out.values())

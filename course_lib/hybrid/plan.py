@@ -1,4 +1,4 @@
-"""Planning a hybrid run on paper: the mesh (dp, tp, pp) to use, by brute force (Lab 06).
+"""Planning a hybrid run on paper: the mesh (dp, tp, pp, and cp) to use, by brute force (Lab 06).
 
 The costs of one mesh (memory per GPU, step time, MFU) are in
 :mod:`course_lib.hybrid.costs`; this module enumerates the meshes that can run,
@@ -18,21 +18,26 @@ from course_lib.memory.estimate import GB, OLMO
 from course_lib.tp.volume import GPUS_PER_NODE, factorizations
 
 
-def valid_meshes(shape, n_gpus, work, gpus_per_node=GPUS_PER_NODE):
-    """Every Mesh with dp tp pp = n_gpus that can run: tp divides the heads and
-    the GPUs of a node (so every tp group stays inside one), pp at most N, the global batch splits into whole
-    microbatches. Ordered by pp, then tp: the simplest meshes first."""
+def valid_meshes(shape, n_gpus, work, gpus_per_node=GPUS_PER_NODE, cps=(1,)):
+    """Every Mesh with dp cp tp pp = n_gpus, cp one of ``cps``, that can run: tp divides
+    the heads and the GPUs of a node (so every tp group stays inside one), pp at most
+    N, cp divides the sequence, the global batch splits into whole microbatches.
+    Ordered by cp, then pp, then tp: the simplest meshes first."""
     out = []
-    for pp, tp, dp in factorizations(n_gpus, 3):
-        if (shape.heads % tp == 0 and gpus_per_node % tp == 0 and pp <= shape.layers
-                and work.global_batch % (dp * work.micro_batch) == 0):
-            out.append(Mesh(dp=dp, tp=tp, pp=pp))
+    for cp in sorted(cps):
+        if n_gpus % cp or shape.seq_len % cp:
+            continue
+        for pp, tp, dp in factorizations(n_gpus // cp, 3):
+            if (shape.heads % tp == 0 and gpus_per_node % tp == 0 and pp <= shape.layers
+                    and work.global_batch % (dp * work.micro_batch) == 0):
+                out.append(Mesh(dp=dp, tp=tp, pp=pp, cp=cp))
     return out
 
 
-def best_mesh(shape, n_gpus, work, gpu, efficiency=1.0, reserve=0.1):
-    """(Mesh, step_time) of the fastest valid mesh that fits, by brute force."""
-    meshes = valid_meshes(shape, n_gpus, work, gpu.gpus_per_node)
+def best_mesh(shape, n_gpus, work, gpu, efficiency=1.0, reserve=0.1, cps=(1,)):
+    """(Mesh, step_time) of the fastest valid mesh that fits, by brute force (``cps``:
+    the context-parallel degrees to try; (1,): none)."""
+    meshes = valid_meshes(shape, n_gpus, work, gpu.gpus_per_node, cps)
     if not meshes:
         raise ValueError(f"no mesh of {n_gpus} GPUs splits the global batch of "
                          f"{work.global_batch} into microbatches of {work.micro_batch} "

@@ -202,3 +202,46 @@ def test_a_switched_node_gives_any_group_the_whole_link_a_wired_board_splits_it_
     wired = {tp: _link(H100_80GB, Mesh(tp=tp), "tp")[1] for tp in (2, 4)}
     assert wired == {2: 150e9, 4: 450e9}
     assert _link(H100_80GB, Mesh(pp=2), "pp")[1] == 150e9
+
+
+# ---- context parallelism: a fourth dim ---------------------------------------------------
+def test_a_cp_mesh_counts_its_gpus_and_reads_as_before_without_cp():
+    assert Mesh(dp=2, tp=2, pp=2, cp=2).n_gpus == 16
+    assert str(Mesh(dp=4, tp=2)) == "dp=4 tp=2 pp=1"  # cp = 1 prints as it always did
+    assert str(Mesh(dp=2, cp=4)) == "dp=2 tp=1 pp=1 cp=4"
+
+
+def test_cp_halves_the_activations_and_shards_the_state_as_dp_does():
+    w = Workload()
+    one, two = memory_per_gpu(O7, Mesh(dp=4, pp=2), w), memory_per_gpu(O7, Mesh(dp=2, pp=2, cp=2), w)
+    assert two["activations"] == pytest.approx(one["activations"] / 2)
+    # the dp x cp ranks hold the same weights: ZeRO-1 shards the optimizer over all 4
+    assert two["optimizer"] == pytest.approx(one["optimizer"])
+    assert two["params"] == pytest.approx(one["params"]) and two["grads"] == pytest.approx(one["grads"])
+
+
+def test_cp_shares_the_tokens_and_charges_the_ring_it_cannot_hide():
+    w = Workload(global_batch=64)
+    assert step_time(O7, Mesh(dp=2, cp=2), w, H100_80GB)["compute"] == pytest.approx(
+        step_time(O7, Mesh(dp=4), w, H100_80GB)["compute"])
+    assert step_time(O7, Mesh(dp=4), w, H100_80GB)["cp_comm"] == 0
+    # a slow link between the two cp ranks (one per node): the ring shows, step by step
+    slow = dataclasses.replace(H100_80GB, ib_gbps=0.01, gpus_per_node=1)
+    mesh, m, c = Mesh(dp=1, cp=2), 64, 2
+    t = step_time(TINY, mesh, w, slow)
+    kv = 2 * (2 * 1 * TINY.seq_len * TINY.dim / c)  # K and V of a chunk, bf16, b = 1
+    ring = slow.ib_alpha_s + kv / (slow.ib_gbps * 1e9)
+    hidden = t["compute"] / (m * TINY.layers * c)
+    assert t["cp_comm"] == pytest.approx(3 * (c - 1) * TINY.layers * m * (ring - hidden))
+    assert t["cp_comm"] > 0
+
+
+def test_a_long_sequence_fits_only_with_cp():
+    shape = dataclasses.replace(O7, seq_len=131072)
+    w = Workload(global_batch=32)
+    with pytest.raises(ValueError, match="no mesh of 64 x H100 80GB fits"):
+        best_mesh(shape, 64, w, H100_80GB)
+    mesh, t = best_mesh(shape, 64, w, H100_80GB, cps=(1, 2, 4, 8, 16))
+    assert mesh.cp > 1 and fits(shape, mesh, w, H100_80GB)
+    assert all(m.cp == 1 for m in valid_meshes(shape, 64, w))  # cp only when asked for
+    assert {m.cp for m in valid_meshes(shape, 64, w, cps=(1, 2, 3))} == {1, 2}  # 3 cuts no seq
