@@ -14,8 +14,8 @@ A batch of b sequences of s tokens of width h, fp32 (4 bytes an element), n rank
   experts' ranks, (n-1)/n of them to another rank, and come back combined:
                                                      2 k (n-1)/n * (b s / n) h.
 
-(The counts EP exchanges first, E/n int64 per peer, and the other metadata are not in
-these numbers.) CP and TP+SP send the same bytes for multi-head attention; CP's go
+(The counts EP exchanges first, k E/n int64 per peer, one per expert and choice, and
+the other metadata are not in these numbers.) CP and TP+SP send the same bytes for multi-head attention; CP's go
 under the attention's compute, TP+SP's are on the critical path; EP's are the tokens
 themselves, k times, and an uneven router moves more to the busiest rank.
 """
@@ -70,7 +70,7 @@ def measured_bytes_sent(split, b, s, h, heads=4, top_k=1, n_experts=None, seed=0
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     with torch.no_grad(), comm.counting() as stats:
         layer(local)
-    counts = (n - 1) * ((n_experts or 2 * n) // n) * 8 if split == "ep" and n > 1 else 0
+    counts = (n - 1) * top_k * ((n_experts or 2 * n) // n) * 8 if split == "ep" and n > 1 else 0
     return stats.sent_bytes - counts, counts
 
 

@@ -8,7 +8,8 @@ of the T x k assignments, first choices first, as GShard's and DeepSpeed-MoE's t
 gating do: every token's first choice in token order, then every second choice, and so
 on (served token by token instead, token t's second choice could take the last slot
 ahead of token t + 1's first). The rest are dropped, and a token dropped by all its
-experts passes through the layer as zero (the residual around the layer carries it). The load-balancing loss of Switch Transformer:
+experts passes through the layer as zero (the residual around the layer carries it).
+The load-balancing loss of Switch Transformer:
 
     aux = E x sum_e f_e P_e,   f_e: the share of tokens whose first choice is e,
                                P_e: the mean router probability of e

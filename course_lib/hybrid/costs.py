@@ -33,15 +33,18 @@ every communication on the critical path unless said otherwise:
 
 - compute: 6 FLOPs per parameter per token (8 with recompute: one more forward),
   on the GPU that holds the most parameters, its tokens a 1/(dp c) share; attention's
-  s^2 term is left out, as in the notes' 6P (so CP's saving on it is not counted);
+  s^2 term is left out, as in the notes' 6P (and with it CP's share of it, which at long
+  sequences is most of the work and what hides the ring);
 - bubble: compute (pp-1)/m, so the pipeline idles (p-1)/(m+p-1) of the time;
 - tp_comm: per layer per microbatch 4 all-reduces of b s h bf16 (6 with
   recompute; sequence parallelism's all-gather + reduce-scatter costs the same);
 - pp_comm: :func:`pp_messages` messages of b s h / tp bf16 (sequence parallelism
   leaves each tp rank a 1/tp slice of the activation to send);
 - cp_comm: the ring, per layer per microbatch c - 1 steps forward, each passing a K, V
-  chunk of 2 b (s/c) h / tp bf16, and twice that backward (K, V again and their
-  gradients); a step exposes what the layer's compute for it, 1/c of the layer's, leaves;
+  chunk of 2 b (s/c) h / tp bf16 behind 1/c of the layer's forward; backward about twice
+  that behind twice the compute (K, V again and their gradients: c - 1 and c messages,
+  counted as 2(c - 1)); with checkpointing the recompute runs the forward ring again.
+  What a step's compute cannot hide is charged;
 - dp_comm: what of the gradient and parameter traffic compute cannot hide
   (:func:`dp_exposed`), over the dp c ranks that hold the same weights;
 - MFU = 6 P tokens / (total n peak): recompute, bubble and waiting all lower it.
@@ -209,11 +212,13 @@ def _spans_nodes(mesh, dim, gpus_per_node):
 
 def _link(gpu, mesh, dim):
     """(alpha in s, bytes/s) of the groups along ``dim``, ranks placed as torchrun
-    numbers them and laid out as FourDims (tp, cp, dp, pp). While every group sits in a node,
+    numbers them and laid out as FourDims (tp fastest, then cp, dp, pp). While every group
+    sits in a node,
     NVLink: on a board wired GPU to GPU a collective over g ranks runs several rings in
     different orders and so uses the links to all g-1 peers (tp.volume's
     ``link_bandwidth(all_links=True)``), a pipeline message goes over the one pair's
-    links; through NVSwitches each ring rank already sends at the GPU's whole bandwidth.
+    links, and so does a step of the cp ring; through NVSwitches each ring rank already
+    sends at the GPU's whole bandwidth.
     Once a group spans nodes, InfiniBand, since a ring or a chain runs at its slowest hop."""
     if _spans_nodes(mesh, dim, gpu.gpus_per_node):
         return gpu.ib_alpha_s, gpu.ib_gbps * 1e9
@@ -272,7 +277,9 @@ def step_time(shape, mesh, work, gpu, efficiency=1.0):
     backward = compute / m * (6 / 8 if work.checkpointing else 4 / 6)
     act = 2 * work.micro_batch * shape.seq_len * shape.dim / mesh.cp  # b (s/c) h in bf16
     ring_step = float(p2p_time(2 * act / mesh.tp, *_link(gpu, mesh, "cp"))) if mesh.cp > 1 else 0
-    hidden = compute / (m * layers * mesh.cp)  # a layer's compute for one ring step
+    forward = compute / m * (2 / 8 if work.checkpointing else 2 / 6)  # one microbatch's
+    hidden = forward / (layers * mesh.cp)  # the forward compute behind one ring step
+    ring_steps = (4 if work.checkpointing else 3) * (mesh.cp - 1)  # forward, backward ~2x
     tp_ops = 6 if work.checkpointing else 4
     out = {
         "compute": compute,
@@ -281,7 +288,7 @@ def step_time(shape, mesh, work, gpu, efficiency=1.0):
                                                               *_link(gpu, mesh, "tp")),
         "pp_comm": pp_messages(mesh.pp, m) * float(p2p_time(act / mesh.tp,
                                                             *_link(gpu, mesh, "pp"))),
-        "cp_comm": 3 * (mesh.cp - 1) * layers * m * max(0.0, ring_step - hidden),
+        "cp_comm": ring_steps * layers * m * max(0.0, ring_step - hidden),
         "dp_comm": dp_exposed(2 * p_gpu, mesh.dp * mesh.cp, m, work.zero, compute, backward,
                               _link(gpu, mesh, "dp")),
     }

@@ -14,11 +14,14 @@ rank (pp_i, dp_i, cp_i, tp_i) does what DP x TP x PP's rank (pp_i, dp_i, tp_i) d
   the mean over its chunk's tokens; the chunks are equal, so the mean of the cp ranks'
   means is the replica's mean;
 - the stage averages its gradients over the dp x cp ranks that hold the same weights
-  (same pp_i and tp_i): over cp, the gradients of the chunks add to the whole sequence's;
-  over dp, the replicas' average, as ever.
+  (same pp_i and tp_i). A cp rank's loss is its chunk's mean, but its gradient also
+  carries the later chunks' queries' share, which the ring's backward brings home with
+  each block's dK, dV: the cp ranks' gradients sum to c times the replica's, and the
+  average over dp x cp is the batch's mean.
 
-Why cp between tp and dp: the ring passes K, V blocks every layer, less often than tp's
-all-reduces (twice a layer, on the critical path) and more often than dp's once a step.
+Why cp between tp and dp: the ring's messages are smaller than tp's (2 b (s/c) h / t
+elements against b s h) and overlap attention's compute, while tp's all-reduces block
+every layer; dp's come once a step.
 Sixteen ranks as (pp, dp, cp, tp) = (2, 2, 2, 2) train like one process::
 
     out = run(train_strategy, "dp_cp_tp_pp", cfg, dp=2, inner=8, tp=2, cp=2, nproc=16)

@@ -14,7 +14,8 @@ def test_each_split_sends_what_the_formula_says(n):
         want = layer_bytes_sent(split, 2, 36, 12, n, top_k=2)
         for rank, (sent, counts) in enumerate(got):
             assert sent == want, (split, n, rank, sent, want)
-            assert counts == ((n - 1) * 2 * 8 if split == "ep" else 0)
+            # EP's counts: one int64 per (expert, choice) of each peer, k = 2, E/n = 2
+            assert counts == ((n - 1) * 2 * 2 * 8 if split == "ep" else 0)
 
 
 def test_the_formulas_on_the_lecture_setting():

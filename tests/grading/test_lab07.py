@@ -434,8 +434,8 @@ def test_dispatch_passes_as_judged(sandbox):
 @pytest.mark.parametrize("wrong_dispatch, wrong_combine, reason", [
     (lambda *a: dispatch(*a, use_capacity=False), combine, "its capacity"),
     (lambda *a: dispatch(*a, first_choices_first=False), combine,
-     "served token by token: a token's second choice took"),
-    (lambda *a: dispatch(*a, stable=False), combine, "keep token order within an expert"),
+     "served token by token: a token's later choice took"),
+    (lambda *a: dispatch(*a, stable=False), combine, "within an expert, in increasing a"),
     (lambda *a: dispatch(*a, per_rank=False), combine, "one count per rank"),
     (dispatch, lambda *a: combine(*a, inverse=False), "apply the inverse"),
     (dispatch, lambda *a: combine(*a, gated=False), "weighed by its gate"),

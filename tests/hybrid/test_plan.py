@@ -231,9 +231,13 @@ def test_cp_shares_the_tokens_and_charges_the_ring_it_cannot_hide():
     t = step_time(TINY, mesh, w, slow)
     kv = 2 * (2 * 1 * TINY.seq_len * TINY.dim / c)  # K and V of a chunk, bf16, b = 1
     ring = slow.ib_alpha_s + kv / (slow.ib_gbps * 1e9)
-    hidden = t["compute"] / (m * TINY.layers * c)
+    hidden = t["compute"] / m * 2 / 6 / (TINY.layers * c)  # 1/c of a layer's forward
     assert t["cp_comm"] == pytest.approx(3 * (c - 1) * TINY.layers * m * (ring - hidden))
     assert t["cp_comm"] > 0
+    # checkpointing runs the forward ring again, behind a forward that is 2/8 of compute
+    ck = step_time(TINY, mesh, dataclasses.replace(w, checkpointing=True), slow)
+    hidden = ck["compute"] / m * 2 / 8 / (TINY.layers * c)
+    assert ck["cp_comm"] == pytest.approx(4 * (c - 1) * TINY.layers * m * (ring - hidden))
 
 
 def test_a_long_sequence_fits_only_with_cp():

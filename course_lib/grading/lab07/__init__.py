@@ -6,7 +6,7 @@ the check cut itself and the traffic (each piece straight to its rank, nothing t
 itself); a blocking send to every peer in turn deadlocks and is stopped with the
 launcher's diagnosis of the hang. 7.2 (merge two partial attention results) and 7.7
 (token dispatch and combine) call the student's functions in the student's process
-against dense attention and a token-by-token loop. 7.3 (one rank's ring-attention
+against dense attention and a loop serving first choices first. 7.3 (one rank's ring-attention
 forward) runs on 1-3 ranks against dense causal attention on the whole sequence, and
 counts each rank's floating-point operations (a rank of the contiguous layout computes
 only the r + 1 blocks it may see) and its messages (its k and v, n - 1 times, to the

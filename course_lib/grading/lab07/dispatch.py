@@ -1,6 +1,6 @@
 """Exercise 7.7's check: token dispatch (the kept assignments grouped by expert, rows per
 rank) and combine (the inverse permutation, weighed by the gates), against a
-token-by-token loop in the checking process (:mod:`.references`)."""
+loop in the checking process serving first choices first (:mod:`.references`)."""
 from __future__ import annotations
 
 import torch
@@ -56,15 +56,17 @@ def _grade_dispatch(ex, call, got, chosen, order, counts, experts, ranks, cap):
             why = (f"expert {over[0]} got {per_expert[over[0]]} assignments but its capacity "
                    f"is {cap}: keep {cap} and drop the rest")
         elif sorted(got_order) == sorted(order):
-            why = ("the right assignments in the wrong order: group them by expert, and keep "
-                   "token order within an expert (a stable sort)")
+            why = ("the right assignments in the wrong order: group them by expert and, within "
+                   "an expert, in increasing a (token order), not in the order capacity served "
+                   "them: sort by (expert, a)")
         elif sorted(got_order) == sorted(token_by_token):
-            why = ("served token by token: a token's second choice took an expert's last "
-                   "slot ahead of a later token's first choice. Serve every first choice "
-                   "(in token order) before any second choice, as GShard's top-2 gating does")
+            why = ("served token by token: a token's later choice took an expert's slot ahead "
+                   "of another token's earlier choice. Serve choice j of every token (in token "
+                   "order) before choice j + 1 of any, as GShard's top-2 gating does")
         else:
             why = ("not the assignments that fit: expert e takes the first choices that "
-                   "chose it in token order, then the second choices, up to `capacity`")
+                   "chose it in token order, then the second choices, and so on, up to "
+                   "`capacity`")
         raise checks.CheckFailed(f"{ex}: {call}: order {got_order}, expected {order}.\n"
                                  f"Why: {why}")
     if got_counts != counts:

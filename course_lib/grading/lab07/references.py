@@ -11,7 +11,8 @@ attention or dispatch, which are what the student rewrites).
   causal attention's gradients;
 - 7.6: router logits, and the probabilities, choices, gates and balancing loss (with its
   gradient) a token-by-token loop gives;
-- 7.7: router choices, and the dispatch and combine a token-by-token loop gives;
+- 7.7: router choices, and the dispatch and combine a loop gives, serving every first
+  choice before any second;
 - 7.8: q, k, v and an output gradient of the whole sequence, dense attention on it and
   its gradients.
 """
