@@ -93,6 +93,9 @@ REFERENCES = {
     "Exercise 6.3": ("course_lib.hybrid.plan:best_mesh", "course_lib.hybrid.plan:valid_meshes"),
     # the library's 3D run, whole or as the strategy that wraps it
     "Exercise 6.4": ("course_lib.hybrid.three_d:build_3d", "course_lib.hybrid.three_d:dp_tp_pp",
+                     "course_lib.hybrid.three_d:stage_on_mesh",
+                     # at cp = 1 the 4D strategy is the 3D one
+                     "course_lib.hybrid.four_d:dp_cp_tp_pp",
                      "course_lib.hybrid.strategies:build",
                      "course_lib.hybrid.strategies:train_strategy"),
     # model_state_bytes(P / (tp pp), dp, z)["total"] is the whole answer of Prediction 6.2

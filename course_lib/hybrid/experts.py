@@ -22,18 +22,16 @@ trains it on the whole batch; :func:`dp_ep_step` trains it on ``dp`` ranks:
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from course_lib.ep import ExpertParallelMoE, MoE
+from course_lib.hybrid.strategies import LR
 from course_lib.models import Block, GPTConfig, init_deterministic
+from course_lib.pipeline.runs import corpus_batches, gpt_loss
 
 AUX_WEIGHT = 0.01
-LR = 3e-3
 
 
 class MoEBlock(nn.Module):
@@ -73,22 +71,16 @@ class MoEGPT(nn.Module):
         return self.head(self.ln_f(x)), aux
 
 
-def _cross_entropy(logits, targets):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 def reference_moe_training(cfg, n_experts=4, top_k=2, steps=3, batch=8, seed=0, lr=LR,
                            capacity_factor=1.25):
     """One process, the whole batch: {"losses", "state"} (loss = CE + AUX_WEIGHT aux)."""
-    from course_lib.pipeline.runs import corpus_batches
-
     model = MoEGPT(cfg, n_experts, top_k, capacity_factor, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     for x, y in corpus_batches(cfg, batch, steps, "cpu"):
         opt.zero_grad(set_to_none=True)
         logits, aux = model(x)
-        loss = _cross_entropy(logits, y) + AUX_WEIGHT * aux
+        loss = gpt_loss(cfg.vocab)(logits, y) + AUX_WEIGHT * aux
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -114,7 +106,6 @@ def train_dp_ep(cfg, n_experts=4, top_k=2, steps=3, batch=8, seed=0, lr=LR,
     """On every rank of the world (dp = ep = world size): train :class:`MoEGPT` as the
     module's docstring lays out. Returns {"losses", "state"}: the whole batch's loss
     on every rank; the full state (every expert gathered) on rank 0, None elsewhere."""
-    from course_lib.pipeline.runs import corpus_batches
     from course_lib.runtime.backend import current_device
 
     dp, rank, device = dist.get_world_size(), dist.get_rank(), current_device()
@@ -130,7 +121,7 @@ def train_dp_ep(cfg, n_experts=4, top_k=2, steps=3, batch=8, seed=0, lr=LR,
     for x, y in corpus_batches(cfg, batch, steps, device):
         opt.zero_grad(set_to_none=True)
         logits, aux_share = model(x[rows])
-        ce = _cross_entropy(logits, y[rows])
+        ce = gpt_loss(cfg.vocab)(logits, y[rows])
         (ce + AUX_WEIGHT * dp * aux_share).backward()
         for p in model.parameters():
             if p.grad is None:

@@ -32,7 +32,6 @@ import functools
 import itertools
 from typing import NamedTuple
 
-import torch
 import torch.distributed as dist
 
 LAYOUT = ("pp", "dp", "cp", "tp")  # slowest to fastest
@@ -113,14 +112,9 @@ def dp_cp_tp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, t
     """The ``"dp_cp_tp_pp"`` strategy of :func:`~course_lib.hybrid.strategies.build`:
     ``inner`` = cp x tp x pp ranks per replica, the sequence cut into cp equal chunks."""
     from course_lib.cp.ring_attention import ring_attention
-    from course_lib.ddp import FlatDDP
     from course_lib.hybrid.strategies import pipeline_run
-    from course_lib.hybrid.three_d import tp_dense_state
-    from course_lib.models import Block
-    from course_lib.pipeline import PipelineStage, make_schedule
-    from course_lib.pipeline.stage import gpt_stage
-    from course_lib.runtime.backend import current_device
-    from course_lib.tp import parallelize_block
+    from course_lib.hybrid.three_d import stage_on_mesh, tp_dense_state
+    from course_lib.pipeline import make_schedule
 
     if inner % (cp * tp):
         raise ValueError(f"DP x CP x TP x PP: inner = {inner} ranks per replica is not a "
@@ -129,17 +123,12 @@ def dp_cp_tp_pp(cfg, dp, inner, seed, lr, microbatches, schedule, collectives, t
         raise ValueError(f"seq_len = {cfg.seq_len} does not cut into cp = {cp} equal chunks")
     pp, chunk = inner // (cp * tp), cfg.seq_len // cp
     dims = FourDims(dp=dp, cp=cp, tp=tp, pp=pp).build()
-    s, c = dims.coords.pp, dims.coords.cp
-    module = gpt_stage(cfg, s, pp, seed).to(current_device())
-    module.pos_offset = c * chunk  # the first stage embeds its chunk where it sits
+    c = dims.coords.cp
     attend = functools.partial(ring_attention, group=dims.group("cp"), causal=True)
-    for block in [m for m in module.modules() if isinstance(m, Block)]:
-        parallelize_block(block, dims.group("tp"), collectives=collectives)
-        block.attn.attend = attend
-    ddp = FlatDDP(module, process_group=dims.group("dp_cp"), all_reduce=collectives)
-    ddp.require_backward_grad_sync = False  # sync_gradients() after the pipeline's step
-    stage = PipelineStage(ddp, s, pp, group=dims.group("pp"))
-    opt = torch.optim.AdamW(module.parameters(), lr=lr)
+    # the first stage embeds its chunk where it sits; the weights are shared over dp x cp
+    ddp, stage, opt = stage_on_mesh(cfg, dims.coords.pp, pp, seed, lr, dims.group("tp"),
+                                    dims.group("dp_cp"), dims.group("pp"), collectives,
+                                    attend=attend, pos_offset=c * chunk)
     # every cp rank of the last stage's first tp rank reports its chunk's mean
     run = pipeline_run("dp_cp_tp_pp", dims, ddp, stage, opt, make_schedule(schedule, pp,
                                                                            microbatches),

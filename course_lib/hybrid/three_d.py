@@ -40,23 +40,38 @@ def tp_dense_state(module):
     return state
 
 
-def build_3d(cfg, dp, tp, pp, seed, lr, microbatches, schedule, collectives):
-    """(dims, stage module in FlatDDP, its PipelineStage, optimizer, schedule) of this
-    rank: see the module's docstring."""
+def stage_on_mesh(cfg, s, pp, seed, lr, tp_group, replica_group, pp_group, collectives,
+                  attend=None, pos_offset=0):
+    """(stage module in FlatDDP, its PipelineStage, optimizer): stage ``s`` of ``pp``, its
+    blocks tensor parallel over ``tp_group``, its gradients averaged over
+    ``replica_group`` (the ranks holding the same weights) after the pipeline's step.
+    ``attend``: the attention of each block's local heads (4D: the ring over cp);
+    ``pos_offset``: where the first stage's tokens sit in the sequence."""
     from course_lib.ddp import FlatDDP
-    from course_lib.pipeline import PipelineStage, make_schedule
+    from course_lib.pipeline import PipelineStage
     from course_lib.pipeline.stage import gpt_stage
     from course_lib.tp import parallelize_block
 
-    dims = ParallelDims(dp=dp, tp=tp, pp=pp).build()
-    s = dims.coords.pp
     module = gpt_stage(cfg, s, pp, seed).to(current_device())
+    module.pos_offset = pos_offset
     for block in [m for m in module.modules() if isinstance(m, Block)]:
-        parallelize_block(block, dims.group("tp"), collectives=collectives)
-    ddp = FlatDDP(module, process_group=dims.group("dp"), all_reduce=collectives)
+        parallelize_block(block, tp_group, collectives=collectives)
+        if attend is not None:
+            block.attn.attend = attend
+    ddp = FlatDDP(module, process_group=replica_group, all_reduce=collectives)
     ddp.require_backward_grad_sync = False  # sync_gradients() after the pipeline's step
-    stage = PipelineStage(ddp, s, pp, group=dims.group("pp"))
-    opt = torch.optim.AdamW(module.parameters(), lr=lr)
+    stage = PipelineStage(ddp, s, pp, group=pp_group)
+    return ddp, stage, torch.optim.AdamW(module.parameters(), lr=lr)
+
+
+def build_3d(cfg, dp, tp, pp, seed, lr, microbatches, schedule, collectives):
+    """(dims, stage module in FlatDDP, its PipelineStage, optimizer, schedule) of this
+    rank: see the module's docstring."""
+    from course_lib.pipeline import make_schedule
+
+    dims = ParallelDims(dp=dp, tp=tp, pp=pp).build()
+    ddp, stage, opt = stage_on_mesh(cfg, dims.coords.pp, pp, seed, lr, dims.group("tp"),
+                                    dims.group("dp"), dims.group("pp"), collectives)
     return dims, ddp, stage, opt, make_schedule(schedule, pp, microbatches)
 
 
