@@ -44,6 +44,29 @@ def test_the_h100_summary_loads_with_every_lab_and_the_runs_figures():
     assert ref["readme_row"] in (ROOT / "README.md").read_text()
 
 
+
+def test_the_h200_summary_is_a_second_whole_run_beside_the_h100s():
+    """make gpu-check on one H200, 2026-11-28, at b1ff3c2: one call, first try."""
+    ref = reference.load("h200")
+    assert ref["machine"]["gpu"] == "NVIDIA H200" and ref["commit"] == "b1ff3c2"
+    assert ref["date"] == "2026-11-28" and ref["machine"]["nccl"] == "2.28.9"
+    assert all(e["status"] == "ok" for e in ref["labs"].values()) and not ref["failed"]
+    assert sorted(ref["labs"]) == [f"{n:02d}" for n in range(9)]
+    for entry in ref["labs"].values():
+        for picture in entry["timelines"]:
+            assert (reference.path("h200") / picture).is_file()
+    assert (ref["nbval"]["passed"], ref["nbval"]["failed"]) == (290, 0)
+    want = {"cp_zigzag_over_torch": 0.9347, "ddp_ours_over_torch": 0.8969,
+            "fsdp_full_over_fsdp2": 0.5814, "ckpt_load_over_dcp": 0.4821,
+            "ep_ours_over_dense": 1.1467, "launch_cold_s": 5.6759}
+    for figure, v in want.items():
+        assert reference.value("h200", figure, ref) == pytest.approx(v)
+    assert ref["readme_row"] == gpucheck.readme_row(ref)
+    assert ref["readme_row"] in (ROOT / "README.md").read_text()
+    # the labs quote the H100 unless told otherwise
+    assert "H200" in reference.line("07", "cp_zigzag_over_torch", name="h200")
+    assert "H100" in reference.line("07", "cp_zigzag_over_torch")
+
 def test_a_line_puts_the_students_figure_beside_the_gpus(tmp_path, monkeypatch):
     text = reference.line("07", "cp_zigzag_over_torch", mine=3.1)
     assert "\n" not in text and "yours 3.10" in text and "0.93" in text and "H100" in text
