@@ -101,44 +101,90 @@ def expert_parallel(model, group=None):
     return held
 
 
+def moe_params(cfg: GPTConfig, n_experts=4):
+    """(shared, experts): the parameters of :class:`MoEGPT` outside its experts (the dense
+    GPT's, less each block's MLP of 8D^2 + 5D, plus each router's D E) and in them
+    (L E (8D^2 + 5D)). A rank of ep = n holds shared + experts / n."""
+    from course_lib.models import gpt_param_count
+
+    d, mlp = cfg.dim, 8 * cfg.dim * cfg.dim + 5 * cfg.dim
+    return gpt_param_count(cfg) - cfg.layers * (mlp - d * n_experts), cfg.layers * n_experts * mlp
+
+
+def moe_strategy(name, cfg, dp, inner, seed, lr, n_experts=4, top_k=2, capacity_factor=1.25,
+                 **_):
+    """The strategy table's MoE rows, on n = dp x inner ranks, each taking B/n rows:
+
+    - ``moe_dp``: every rank holds all E experts and averages every gradient (one
+      all-reduce of them all); capacity and the balancing loss count its own rows only,
+      as plain DDP over an MoE model does;
+    - ``moe_dp_ep``: ep = n, E/n experts per rank, as :func:`train_dp_ep` (equal to one
+      process on the whole batch): the replicated weights' gradients all-reduced, the
+      experts' only divided by n."""
+    from course_lib.collectives.select import collective_ops
+    from course_lib.hybrid.strategies import Strategy
+    from course_lib.mesh import ParallelDims
+    from course_lib.runtime.backend import current_device
+
+    n = dp * inner
+    if n_experts % n and name == "moe_dp_ep":
+        raise ValueError(f"ep = {n} ranks must divide the {n_experts} experts")
+    dims = ParallelDims(dp=n).build()
+    group, all_reduce = dims.group("dp"), collective_ops("torch").all_reduce
+    model = MoEGPT(cfg, n_experts, top_k, capacity_factor, seed)
+    held = expert_parallel(model, group) if name == "moe_dp_ep" else {}
+    model = model.to(current_device())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    loss_fn = gpt_loss(cfg.vocab)
+    # with ep, a rank's aux is its share of the whole batch's: the shares add up to it
+    aux_scale = n if held else 1
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        logits, aux = model(run.rows(x))
+        ce = loss_fn(logits, run.rows(y))
+        (ce + AUX_WEIGHT * aux_scale * aux).backward()
+        params = list(model.parameters())
+        for p in params:
+            if p.grad is None:  # an expert no token reached this step
+                p.grad = torch.zeros_like(p)
+        shared = [p for p in params if id(p) not in held]
+        flat = torch.cat([p.grad.reshape(-1) for p in shared])
+        all_reduce(flat, group=group)  # one call: the replicated weights' gradients summed
+        for p, g in zip(shared, flat.split([p.numel() for p in shared])):
+            p.grad.copy_(g.view_as(p))
+        for p in params:
+            p.grad /= n
+        opt.step()
+        reported = (ce.detach() + AUX_WEIGHT * aux_scale * aux.detach()).reshape(1) / n
+        dist.all_reduce(reported, group=group)
+        return reported.item()
+
+    def full_state():
+        mine = {held.get(id(p), k): p.detach().cpu().clone() for k, p in model.named_parameters()}
+        every = [None] * n
+        dist.all_gather_object(every, mine, group=group)
+        return {k: t for part in every for k, t in part.items()}
+
+    run = Strategy(name, dims, model, opt, step, full_state, (dims.coords.dp, n))
+    return run
+
+
 def train_dp_ep(cfg, n_experts=4, top_k=2, steps=3, batch=8, seed=0, lr=LR,
                 capacity_factor=1.25):
     """On every rank of the world (dp = ep = world size): train :class:`MoEGPT` as the
     module's docstring lays out. Returns {"losses", "state"}: the whole batch's loss
     on every rank; the full state (every expert gathered) on rank 0, None elsewhere."""
-    from course_lib.runtime.backend import current_device
+    from course_lib.hybrid.strategies import train_strategy
 
-    dp, rank, device = dist.get_world_size(), dist.get_rank(), current_device()
+    dp = dist.get_world_size()
     if n_experts % dp or batch % dp:
         raise ValueError(f"dp = ep = {dp} must divide the {n_experts} experts and the "
                          f"batch of {batch}")
-    model = MoEGPT(cfg, n_experts, top_k, capacity_factor, seed)
-    held = expert_parallel(model)
-    model = model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    rows = slice(rank * batch // dp, (rank + 1) * batch // dp)
-    losses = []
-    for x, y in corpus_batches(cfg, batch, steps, device):
-        opt.zero_grad(set_to_none=True)
-        logits, aux_share = model(x[rows])
-        ce = gpt_loss(cfg.vocab)(logits, y[rows])
-        (ce + AUX_WEIGHT * dp * aux_share).backward()
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            if id(p) not in held:  # replicated: the ranks' mean
-                dist.all_reduce(p.grad)
-            p.grad /= dp
-        opt.step()
-        reported = (ce.detach() / dp + AUX_WEIGHT * aux_share.detach()).reshape(1)
-        dist.all_reduce(reported)
-        losses.append(reported.item())
-    mine = {held.get(id(p), name): p.detach().cpu().clone() for name, p in model.named_parameters()}
-    every = [None] * dp
-    dist.all_gather_object(every, mine)
-    state = {n: t for part in every for n, t in part.items()} if rank == 0 else None
-    return {"losses": losses, "state": state}
+    out = train_strategy("moe_dp_ep", cfg, steps=steps, batch=batch, dp=dp, inner=1, seed=seed,
+                         lr=lr, n_experts=n_experts, top_k=top_k, capacity_factor=capacity_factor)
+    return {"losses": out["losses"], "state": out["state"]}
 
 
 __all__ = ["MoEGPT", "MoEBlock", "AUX_WEIGHT", "reference_moe_training", "train_dp_ep",
-           "expert_parallel"]
+           "expert_parallel", "moe_strategy", "moe_params"]

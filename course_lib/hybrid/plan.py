@@ -8,12 +8,15 @@ names too, so one import serves a notebook::
     from course_lib.hybrid import plan
     plan.best_mesh(OLMO["OLMo 7B"], 32, plan.Workload(), plan.H100_80GB)  # (Mesh, step_time)
     plan.plan_table()             # OLMo 1B / 7B / 70B on A100 40GB and H100 80GB
+    plan.ep_table(OLMO["OLMo 1B"], plan.Mesh(dp=64), plan.Workload(), plan.H100_80GB,
+                  plan.Experts(64, 2))  # a mixture of experts: memory and speed per ep
 """
 from __future__ import annotations
 
 from course_lib.hybrid.costs import (A100_40GB, GPU, GPUS, H100_80GB, IB_ALPHA_S,
                                      NVLINK_ALPHA_S, Mesh, Workload, dp_exposed, fits,
                                      memory_per_gpu, params_per_gpu, pp_messages, step_time)
+from course_lib.hybrid.moe_costs import Experts, ep_table, moe_costs
 from course_lib.memory.estimate import GB, OLMO
 from course_lib.tp.volume import GPUS_PER_NODE, factorizations
 
@@ -94,4 +97,5 @@ def plan_table(gpus_by_model=None, work=None, gpus=None, efficiency=1.0, echo=Tr
 
 __all__ = ["GPU", "H100_80GB", "A100_40GB", "GPUS", "Mesh", "Workload", "params_per_gpu",
            "memory_per_gpu", "fits", "valid_meshes", "pp_messages", "dp_exposed", "step_time",
-           "best_mesh", "plan_table", "PLAN_GPUS", "NVLINK_ALPHA_S", "IB_ALPHA_S"]
+           "best_mesh", "plan_table", "PLAN_GPUS", "NVLINK_ALPHA_S", "IB_ALPHA_S", "Experts",
+           "moe_costs", "ep_table"]

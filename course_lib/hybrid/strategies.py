@@ -50,7 +50,9 @@ from course_lib.runtime.backend import current_device
 STRATEGIES = {"dp": "DP", "dp_tp": "DP x TP", "dp_pp": "DP x PP", "dp_fsdp": "DP x FSDP"}
 # the 2-D strategies above run on dp * inner ranks; DP x TP x PP splits inner = tp * pp
 # (course_lib.hybrid.three_d), DP x CP x TP x PP inner = cp * tp * pp (.four_d)
-LABELS = {**STRATEGIES, "dp_tp_pp": "DP x TP x PP", "dp_cp_tp_pp": "DP x CP x TP x PP"}
+LABELS = {**STRATEGIES, "dp_tp_pp": "DP x TP x PP", "dp_cp_tp_pp": "DP x CP x TP x PP",
+          # another model, a mixture of experts (course_lib.hybrid.experts), on dp * inner ranks
+          "moe_dp": "DP (MoE, experts on every rank)", "moe_dp_ep": "DP x EP (MoE, ep = dp)"}
 LR = 3e-3
 
 
@@ -109,11 +111,16 @@ def _whole_model_step(run, model, loss_fn, holds_loss):
 
 
 def build(name, cfg: GPTConfig, dp=2, inner=2, seed=0, lr=LR, microbatches=2,
-          schedule="1f1b", collectives="torch", tp=2, cp=2):
+          schedule="1f1b", collectives="torch", tp=2, cp=2, **moe):
     """Build strategy ``name`` (a key of :data:`LABELS`) on every rank of a
     ``dp * inner``-rank job, from ``GPT(cfg, seed)``'s weights, with AdamW
     (``tp``: DP x TP x PP's tensor-parallel degree, inner = tp x pp; ``cp``: DP x CP x
-    TP x PP's context-parallel degree, inner = cp x tp x pp)."""
+    TP x PP's context-parallel degree, inner = cp x tp x pp; ``moe``: the MoE rows'
+    n_experts, top_k, capacity_factor)."""
+    if name in ("moe_dp", "moe_dp_ep"):
+        from course_lib.hybrid.experts import moe_strategy
+
+        return moe_strategy(name, cfg, dp, inner, seed, lr, **moe)
     builders = {"dp": _dp, "dp_tp": _dp_tp, "dp_pp": _dp_pp, "dp_fsdp": _dp_fsdp,
                 "dp_tp_pp": dp_tp_pp, "dp_cp_tp_pp": dp_cp_tp_pp}
     if name not in builders:

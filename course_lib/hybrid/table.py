@@ -47,7 +47,7 @@ def pipeline_pieces(cfg: GPTConfig):
     return [embed] + [block] * cfg.layers + [head]
 
 
-def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2):
+def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2, n_experts=4):
     """Parameters held by the rank that holds most, under strategy ``name``.
 
     - DP: all P.
@@ -59,7 +59,15 @@ def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2):
     - DP x TP x PP: the largest stage of the pp = inner / tp partition, its blocks
       split t ways as under DP x TP.
     - DP x CP x TP x PP: as DP x TP x PP with pp = inner / (cp tp): the cp ranks of a
-      stage hold the same weights (context parallelism splits activations only)."""
+      stage hold the same weights (context parallelism splits activations only).
+    - MoE, experts on every rank: the MoE GPT's shared weights and all L E experts
+      (:func:`~course_lib.hybrid.experts.moe_params`).
+    - MoE, DP x EP: the shared weights and L E / n experts, n = dp x inner."""
+    if name in ("moe_dp", "moe_dp_ep"):
+        from course_lib.hybrid.experts import moe_params
+
+        shared, experts = moe_params(cfg, n_experts)
+        return shared + (experts // (dp * inner) if name == "moe_dp_ep" else experts)
     d, pieces = cfg.dim, pipeline_pieces(cfg)
     if name == "dp":
         return gpt_param_count(cfg)
@@ -78,9 +86,9 @@ def params_per_rank(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2):
     raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(LABELS)}")
 
 
-def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2):
+def model_state_estimate(name, cfg: GPTConfig, dp=2, inner=2, tp=2, cp=2, n_experts=4):
     """Bytes of parameters, gradients and AdamW state on the fullest rank (fp32)."""
-    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner, tp, cp)
+    return BYTES_PER_PARAM * params_per_rank(name, cfg, dp, inner, tp, cp, n_experts)
 
 
 def _max(value):
@@ -117,8 +125,9 @@ def measure_strategy(name, cfg: GPTConfig, batch=8, steps=3, dp=2, inner=2, **kw
         return {"strategy": LABELS[name], "tokens_per_s": batch * cfg.seq_len / seconds,
                 "step_ms": 1e3 * seconds,
                 "state_mb": _max(state) / 1e6,
-                "state_estimate_mb": model_state_estimate(name, cfg, dp, inner, kw.get("tp", 2),
-                                                          kw.get("cp", 2)) / 1e6,
+                "state_estimate_mb": model_state_estimate(
+                    name, cfg, dp, inner, kw.get("tp", 2), kw.get("cp", 2),
+                    kw.get("n_experts", 4)) / 1e6,
                 "step_peak_mb": _max(peak.peak) / 1e6,
                 "collective_mb": _max(collective_bytes) / 1e6,
                 "p2p_mb": _max(stats.sent_bytes) / 1e6}
