@@ -56,6 +56,8 @@ class AsyncCheckpointer:
         self._thread, self._error = None, None
 
     def save(self, state, path, group=None):
+        """Copy ``state``, agree on the index, start the writing; returns the bytes this
+        rank's data file will hold."""
         self.wait()
         started = time.perf_counter()
         path = Path(path)
@@ -72,6 +74,7 @@ class AsyncCheckpointer:
                                         args=(path, rank, world, tensors, everyone, values))
         self._thread.start()
         self.blocked_s = time.perf_counter() - started
+        return sum(t.numel() * t.element_size() for t in tensors)  # as save(): this rank's
 
     def _write(self, path, rank, world, tensors, everyone, values):
         try:

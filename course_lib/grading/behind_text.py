@@ -48,6 +48,12 @@ BEHIND_THE_TEXT = {
     "importlib.import_module": "imports a module named by a string",
     "importlib.__import__": "imports a module named by a string",
 }
+# calls an exercise asks the student to make: not flagged in that exercise's lab
+ASKED_FOR = {
+    # an asynchronous save: the writing on a thread of its own (the check watches that
+    # thread's collectives itself)
+    "Exercise 8.6": ("threading.Thread", "concurrent.futures.ThreadPoolExecutor"),
+}
 # loaders that unpickle anything (code by value included) when told to
 UNPICKLING = {"torch.load": ("weights_only", False), "torch.serialization.load":
               ("weights_only", False), "numpy.load": ("allow_pickle", True)}
@@ -84,12 +90,20 @@ def dotted(node, aliases):
     return ".".join([root, *reversed(parts)]) if root else None
 
 
-def behind_the_text(node, aliases):
+def asked_for(exercises):
+    """The calls :data:`ASKED_FOR` lets a lab of ``exercises`` make."""
+    return {func for ex in exercises for func in ASKED_FOR.get(ex, ())}
+
+
+def behind_the_text(node, aliases, asked=frozenset()):
     """Door 6: what makes the code that runs differ from the notebook's text, or reads
-    what the grader keeps (frames, gc, hooks, swapped code, course files)."""
+    what the grader keeps (frames, gc, hooks, swapped code, course files); ``asked``:
+    calls the lab's exercises ask for (:func:`asked_for`)."""
     if isinstance(node, ast.Call):
         func = dotted(node.func, aliases)
-        if func in BEHIND_THE_TEXT:
+        if func in asked:
+            pass
+        elif func in BEHIND_THE_TEXT:
             yield ast.dump(node), f"{BEHIND_THE_TEXT[func]} ({func})"
         elif func and func.split(".")[0] == "ctypes":
             yield ast.dump(node), f"reaches into CPython ({func})"

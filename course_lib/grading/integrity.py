@@ -44,7 +44,7 @@ import importlib
 import types
 
 from course_lib.grading import ids
-from course_lib.grading.behind_text import behind_the_text, dotted as _dotted
+from course_lib.grading.behind_text import asked_for, behind_the_text, dotted as _dotted
 from course_lib.grading.references import reference_modules, references
 
 PASS_TEXTS = ids.PASS_TEXTS  # "✓ Exercise", "✓ Prediction"
@@ -119,6 +119,7 @@ class _Lab:
         for ex in exercises:
             self.refs.update({id(obj): (name, ex) for obj, name in references(ex).items()})
         self.ref_modules = reference_modules(exercises)
+        self.asked = asked_for(exercises)
         self.given, self.aliases = set(), {}
         for source in lab_sources:
             for tree in _trees(source):
@@ -201,7 +202,7 @@ def _findings(tree, lab, aliases):
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and any(text in node.value for text in PASS_TEXTS):
             yield ast.dump(node), f"writes a pass line ({node.value.strip()[:60]!r})"
-        yield from behind_the_text(node, aliases)
+        yield from behind_the_text(node, aliases, lab.asked)
 
 
 def scan(student_cells, lab_sources, exercises):

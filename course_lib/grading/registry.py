@@ -152,7 +152,11 @@ REFERENCES = {
                      "course_lib.checkpoint.resume:rng_entries",
                      "course_lib.checkpoint.resume:set_rng",
                      "course_lib.checkpoint.resume:_generators"),
-    "Exercise 8.6": ("course_lib.checkpoint.pipeline:latest_complete",
+    # the library's asynchronous save, and the copy at its start
+    "Exercise 8.6": ("course_lib.checkpoint.async_save:AsyncCheckpointer",
+                     "course_lib.checkpoint.async_save:snapshot",
+                     "course_lib.checkpoint.async_save:_copy"),
+    "Exercise 8.7": ("course_lib.checkpoint.pipeline:latest_complete",
                      "course_lib.checkpoint.pipeline:plan_restart"),
     # model_state_bytes(P, n, 3, mixed=False): its "params" + "optimizer" are the answer
     "Prediction 8.1": ("course_lib.memory.estimate:model_state_bytes",),

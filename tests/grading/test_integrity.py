@@ -252,3 +252,12 @@ def test_harmless_code_is_not_flagged():
                 "def f():\n    return dist.get_rank()", "%timeit f()", "os.environ['A'] = '1'",
                 "class B:\n    def __init__(self):\n        self._buckets = []\n"
                 "    def add(self, x):\n        self._buckets.append(x)") == []
+
+
+def test_a_call_an_exercise_asks_for_is_not_flagged_in_its_lab():
+    """Exercise 8.6 asks for a thread: Lab 08's scan lets it pass, another lab's flags it."""
+    source = "import threading\nthreading.Thread(target=print, daemon=True).start()"
+    cells = [("cell 0", source)]
+    assert integrity.scan(cells, [], ["Exercise 8.5", "Exercise 8.6"]) == []
+    assert integrity.scan(cells, [], ["Exercise 2.3"]) == [
+        "cell 0: runs code in another thread (threading.Thread)"]

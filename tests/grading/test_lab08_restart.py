@@ -1,4 +1,4 @@
-"""Exercise 8.6's restart plan: the solution passes (also as the gradebook's judge decides,
+"""Exercise 8.7's restart plan: the solution passes (also as the gradebook's judge decides,
 and on the hidden roots and keeps), each plausible wrong plan fails with its own reason,
 and the library's plan passes the comparison and is refused by the judge."""
 import random
@@ -92,13 +92,13 @@ def test_the_solution_passes_as_judged(sandbox):
     ("as strings", "not a pathlib.Path"),
 ])
 def test_wrong_plans_fail_with_their_reason(mistake, reason):
-    with pytest.raises(checks.CheckFailed, match="Exercise 8.6: plan_restart") as info:
+    with pytest.raises(checks.CheckFailed, match="Exercise 8.7: plan_restart") as info:
         check_restart(latest_complete, lambda r, n, k: plan_restart(r, n, k, mistake))
     assert re.search(reason, str(info.value), re.S), str(info.value)
 
 
 def test_a_wrong_latest_complete_fails_first():
-    with pytest.raises(checks.CheckFailed, match="Exercise 8.6: latest_complete"):
+    with pytest.raises(checks.CheckFailed, match="Exercise 8.7: latest_complete"):
         check_restart(lambda root, n: None, plan_restart)
 
 
@@ -106,6 +106,6 @@ def test_the_library_passes_the_comparison_and_is_refused_by_the_judge(sandbox, 
     from course_lib.checkpoint.pipeline import plan_restart as library
 
     check_restart(latest_complete, library)
-    assert "✓ Exercise 8.6 passed" in capsys.readouterr().out
+    assert "✓ Exercise 8.7 passed" in capsys.readouterr().out
     with pytest.raises(checks.CheckFailed, match="course_lib.s own implementation"):
         judged(sandbox, check_restart, latest_complete, library)

@@ -1,4 +1,4 @@
-"""Exercise 8.6's check: the solution passes (also as the gradebook's judge decides), the
+"""Exercise 8.7's check: the solution passes (also as the gradebook's judge decides), the
 stub and each plausible wrong answer fail with its own reason; the library's
 latest_complete passes the comparison and is refused by the judge."""
 import random
@@ -83,7 +83,7 @@ def every_name_a_step(root, n_stages):
      r"return the directory of the step, root / 'step_<t>' \(not a stage's directory"),
 ])
 def test_wrong_answers_fail_with_their_reason(wrong, reason):
-    with pytest.raises(checks.CheckFailed, match="Exercise 8.6: latest_complete") as info:
+    with pytest.raises(checks.CheckFailed, match="Exercise 8.7: latest_complete") as info:
         check_latest_complete(wrong)
     assert re.search(reason, str(info.value), re.S), str(info.value)
 
@@ -92,7 +92,7 @@ def test_the_stub_says_not_implemented():
     def stub(root, n_stages):
         raise NotImplementedError
 
-    with pytest.raises(NotImplementedError, match="Exercise 8.6 is not implemented"):
+    with pytest.raises(NotImplementedError, match="Exercise 8.7 is not implemented"):
         check_latest_complete(stub)
 
 
@@ -100,7 +100,7 @@ def test_the_library_passes_the_comparison(capsys):
     from course_lib.checkpoint.pipeline import latest_complete as library
 
     check_latest_complete(library)
-    assert "✓ Exercise 8.6 passed" in capsys.readouterr().out
+    assert "✓ Exercise 8.7 passed" in capsys.readouterr().out
 
 
 def test_the_library_is_refused(sandbox):

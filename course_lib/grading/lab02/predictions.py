@@ -76,7 +76,7 @@ def _draw_bytes(rng):
 check_bytes_per_step_prediction = prediction_check(
     "Prediction 2.1", BYTES_CASES, bytes_sent,
     lambda w, p, b, o, k: (f"{'GPU 0 under DP' if w == 'dp' else 'each rank under DDP'} with "
-                           f"P = {p:,}, B = {b:,}, O = {o:,} bytes, K = {k}"),
+                           f"P = {p:,}, X = {b:,}, O = {o:,} bytes, K = {k}"),
     BYTES_WRONG, hint="follow every arrow of one step: what leaves the device, forward and "
                       "backward",
     draw=_draw_bytes,

@@ -41,8 +41,12 @@ SIZE_WRONG = [
                                        "(b, s, h) partial outputs, one from each rank"),
     (lambda b, s, h, t: 4 * b * s * h, "the MLP's all-reduce comes after its row-parallel "
                                        "layer, whose output is h wide, not 4h"),
-    (lambda b, s, h, t: b * s * h / t * (t - 1), "that is what a ring sends of it per rank; "
-                                                 "the all-reduce itself is on all b*s*h"),
+    (lambda b, s, h, t: b * s * h / t * (t - 1), "that is half of what a ring all-reduce "
+                                                 "sends per rank (its reduce-scatter); the "
+                                                 "all-reduce itself is on all b*s*h"),
+    (lambda b, s, h, t: 2 * b * s * h / t * (t - 1), "that is what a ring all-reduce sends per "
+                                                     "rank, not the size of the array it "
+                                                     "reduces: b*s*h"),
     (lambda b, s, h, t: s * h, "the batch is not split by tensor parallelism: b*s*h"),
 ]
 

@@ -8,7 +8,8 @@ exactly start..start + length - 1 in order (so any equivalent decomposition pass
 8.3 (an atomic sharded save: data, then the index, then the marker): :mod:`.atomic`.
 8.4 (a resharding load, against DCP's on the same state): :mod:`.loading`.
 8.5 (an exact resume: what to save besides the model, what to put back): :mod:`.resume`.
-8.6 (the newest step every pipeline stage committed, :mod:`.stages`, and the plan a
+8.6 (an asynchronous save: the copy, the gather and the thread): :mod:`.background`.
+8.7 (the newest step every pipeline stage committed, :mod:`.stages`, and the plan a
 restart follows before its first save, :mod:`.restart`).
 Predictions 8.1 and 8.2: :mod:`.predictions`.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from course_lib.grading import checks
 from course_lib.grading.lab08 import references
 from course_lib.grading.lab08.atomic import check_atomic_save
+from course_lib.grading.lab08.background import check_async_save
 from course_lib.grading.lab08.predictions import (check_bytes_prediction,
                                                   check_interval_prediction)
 from course_lib.grading.lab08.loading import check_resharding_load
@@ -30,7 +32,7 @@ from course_lib.grading.requests import call_each, here
 EX_FLAT = "Exercise 8.1"
 
 __all__ = ["check_flat_range_boxes", "check_overlap_and_runs", "check_resharding_load",
-           "check_atomic_save", "check_exact_resume", "check_latest_complete", "check_restart",
+           "check_atomic_save", "check_async_save", "check_exact_resume", "check_latest_complete", "check_restart",
            "check_bytes_prediction", "check_interval_prediction"]
 
 

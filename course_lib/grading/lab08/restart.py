@@ -1,4 +1,4 @@
-"""Exercise 8.6, a restart of per-stage pipeline checkpoints, designed: the student's
+"""Exercise 8.7, a restart of per-stage pipeline checkpoints, designed: the student's
 ``latest_complete(root, n_stages)`` (graded by :mod:`.stages`) and
 ``plan_restart(root, n_stages, keep)``, the plan a restart follows before its first save:
 ``(resume, remove)``, the step directory to resume from (``latest_complete``'s) and the

@@ -1,4 +1,4 @@
-"""Exercise 8.6, per-stage pipeline checkpoints: the student's ``latest_complete(root,
+"""Exercise 8.7, per-stage pipeline checkpoints: the student's ``latest_complete(root,
 n_stages)``, the newest ``root/step_<t>`` directory in which every stage
 ``stage_000``, ..., ``stage_<n_stages - 1>`` (three digits, as ``save_stage`` names them)
 holds the COMMITTED marker, or None.
@@ -19,7 +19,7 @@ from course_lib.checkpoint.files import COMMITTED, INDEX, data_file
 from course_lib.grading import checks
 from course_lib.grading.requests import here
 
-EX_STAGES = "Exercise 8.6"
+EX_STAGES = "Exercise 8.7"
 STEP = re.compile(r"step_(\d+)")
 
 # (what it is, n_stages, the root's entries or None: no root). A step directory's string

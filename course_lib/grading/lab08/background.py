@@ -1,0 +1,292 @@
+"""Exercise 8.6, an asynchronous save: the student's ``AsyncSaver`` (``save(state, path,
+group=None)`` returns once the loop may change ``state``; ``wait()`` returns once the save
+in flight is on disk, committed on rank 0, and raises what went wrong in it).
+
+One job on 3 ranks. Every file course_lib writes goes through
+``course_lib.checkpoint.save.write_atomically``, which the job holds shut for any thread
+but the main one until it opens a gate: what a background thread writes waits there,
+before a byte of it is read from the tensors. Group rank r's first background write then
+lands 0.3 r s late (an uneven disk). The saver is made with ``timeout=5``. The job, in
+order:
+
+1. saves a known state into ``a`` (the gate shut), notes whether this rank's data file
+   was already there when ``save`` returned, then changes the state in place, as the
+   next training step would;
+2. saves another into ``b`` at once, the gate opening 1.5 s later from a timer: a ``save``
+   that waits for the one in flight returns after it, with ``a`` written (committed on
+   rank 0); one that does not returns before;
+3. ``wait()``, then reads ``a`` and ``b`` back with course_lib's load, and lists their
+   files (when each appeared under its name);
+4. a save into ``c`` whose rank 1 cannot write (a full disk): its ``wait()`` must raise
+   that, and rank 0's, after the timeout, that rank 1's data never came (a ``wait()``
+   still waiting 15 s later is reported as hung);
+5. a save into ``b`` again: refused, nothing changed.
+
+Meanwhile it notes every ``torch.distributed`` call made off the main thread. The verdict
+is all here.
+"""
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from course_lib.checkpoint.files import COMMITTED, INDEX, data_file, is_committed
+from course_lib.checkpoint.load import consolidate
+from course_lib.grading import checks
+from course_lib.grading.lab08.atomic import _attempt, _files, _state, saved_state
+from course_lib.grading.requests import on_ranks
+
+EX_ASYNC = "Exercise 8.6"
+N, LATE_S, GATE_S, TIMEOUT_S, HANG_S = 3, 0.3, 1.5, 5.0, 15.0
+FULL = "No space left on device (the check's disk is full)"
+WATCHED = ("all_gather_object", "gather_object", "broadcast_object_list", "barrier",
+           "all_gather", "all_reduce", "broadcast", "gather", "scatter", "reduce_scatter",
+           "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all_single",
+           "all_to_all", "monitored_barrier", "reduce", "scatter_object_list")
+
+__all__ = ["check_async_save", "async_job"]
+
+
+@contextmanager
+def _watched(rank, gate, failing):
+    """The gate on background writes, the late disk, the full one under ``failing``,
+    and a note of every collective called off the main thread."""
+    # the module, not the function course_lib.checkpoint exports under the same name
+    save_module = importlib.import_module("course_lib.checkpoint.save")
+
+    real_write, seen, late = save_module.write_atomically, {"off_main": set()}, [LATE_S * rank]
+    main = threading.main_thread()
+
+    def write_atomically(path, data):
+        if threading.current_thread() is not main:
+            if not gate.wait(60):
+                raise TimeoutError("the check's gate never opened")
+            if Path(path).parent == failing and rank == 1:
+                raise OSError(FULL)
+            if late and Path(path).name == data_file(rank):
+                time.sleep(late.pop())
+        return real_write(path, data)
+
+    def noting(name, fn):
+        def call(*args, **kwargs):
+            if threading.current_thread() is not main:
+                seen["off_main"].add(name)
+            return fn(*args, **kwargs)
+        return call
+
+    real = {name: getattr(dist, name) for name in WATCHED if hasattr(dist, name)}
+    save_module.write_atomically = write_atomically
+    for name, fn in real.items():
+        setattr(dist, name, noting(name, fn))
+    try:
+        yield seen
+    finally:
+        save_module.write_atomically = real_write
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+
+
+def _waited(saver):
+    """``_attempt(saver.wait)``, or {"hung": True} if it is still waiting after HANG_S."""
+    result = {"hung": True}
+
+    def waiting():
+        result.clear()
+        result.update(_attempt(saver.wait))
+
+    thread = threading.Thread(target=waiting, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    return dict(result) if not thread.is_alive() else {"hung": True}
+
+
+def _changed(state):
+    """What the next training step does to a state the save was handed."""
+    state["w"].local.add_(1000)
+    state["bias"].add_(1000)
+    state["losses"].append(0.0)
+    state["step"] = -1  # a plain value replaced, not changed in place: no trace
+
+
+def async_job(saver_class):
+    """On every rank: what it saw of the saves, for the check (rank 0 also reports the
+    files and what course_lib's load reads back)."""
+    rank = dist.get_rank()
+    name = [tempfile.mkdtemp(prefix="lab08-async-") if rank == 0 else None]
+    dist.broadcast_object_list(name, group_src=0)
+    root, out, ended = Path(name[0]), {}, False
+    a, b, c = root / "step_000100", root / "step_000200", root / "step_000300"
+    gate = threading.Event()
+    try:
+        with _watched(rank, gate, c) as seen:
+            saver = saver_class(timeout=TIMEOUT_S)
+            state = _state(rank, N)
+            out["returned"] = saver.save(state, a)
+            out["data_on_return"] = (a / data_file(rank)).exists()
+            _changed(state)
+            opener = threading.Timer(GATE_S, gate.set)
+            opener.start()
+            saver.save(_state(rank, N), b)
+            out["first_written"] = (a / data_file(rank)).exists()
+            out["first_committed"] = is_committed(a)
+            gate.set()  # a save that did not wait must not wait for the timer either
+            out["wait"] = _attempt(saver.wait)
+            out["committed_after_wait"] = is_committed(b)
+            dist.barrier()
+            if rank == 0:
+                out["a"] = {"files": _files(a), "whole": _attempt(consolidate, a)}
+                out["b"] = {"files": _files(b), "whole": _attempt(consolidate, b)}
+            dist.barrier()
+            out["full"] = _attempt(saver.save, _state(rank, N), c)
+            out["full_wait"] = _waited(saver)
+            hung = [bool(out["full_wait"].get("hung"))]
+            dist.broadcast_object_list(hung, group_src=0)
+            if not hung[0]:  # a saver still waiting would hang the next save: verdict given
+                out["again"] = _attempt(saver.save, _state(rank, N), b)
+                out["again_wait"] = _attempt(saver.wait)
+            dist.barrier()
+            if rank == 0:
+                out["b_after"] = _files(b)
+            out["off_main"] = sorted(seen["off_main"])
+        ended = True
+        return out
+    finally:
+        gate.set()
+        if ended:
+            dist.barrier()
+        if rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@checks.check(EX_ASYNC)
+def check_async_save(AsyncSaver):
+    outs = yield on_ranks(async_job, AsyncSaver, nproc=N, timeout=90)
+    _judge(outs)
+    return ("3 ranks, a slow uneven disk: save() returns before the disk, the state changed "
+            "after it is not what was saved, collectives on the loop's thread, one save in "
+            "flight, rank 0 commits after every data file, a failed write raised by wait(), "
+            "a rank that never writes timed out by name, a committed directory refused")
+
+
+def _fail(what, hint):
+    raise checks.CheckFailed(f"{EX_ASYNC}: {what}.\nHint: {hint}")
+
+
+def _judge(outs):
+    ranks = range(len(outs))
+    for r in ranks:
+        if "error" in outs[r]["wait"]:
+            _fail(f"wait() raised on rank {r} after two good saves: {outs[r]['wait']['error']}",
+                  "a save that went well leaves nothing for wait() to raise")
+    early = [r for r in ranks if outs[r]["data_on_return"]]
+    if early:
+        _fail(f"save() returned on rank(s) {early} with the data file already written: the "
+              f"training loop waited for the disk", "copy the state and agree on the index "
+              "in save(), then hand the writing (write_data, and rank 0's commit) to a "
+              "background thread (threading.Thread(target=..., daemon=True).start()) and "
+              "return")
+    off = sorted({name for r in ranks for name in outs[r]["off_main"]})
+    if off:
+        _fail(f"torch.distributed's {', '.join(off)} ran on the background thread", "every "
+              "collective stays on the training loop's thread: two threads issuing "
+              "collectives on one communicator can deadlock on NCCL. Gather every rank's "
+              "descriptions in save(), before starting the thread; rank 0's thread then "
+              "waits for the other ranks' data files on the disk instead of a collective")
+    if not all(outs[r]["first_written"] for r in ranks) or not outs[0]["first_committed"]:
+        _fail("the second save() returned while the first was still writing (its data "
+              "file, or rank 0's commit, was not there yet)", "begin save() with wait(): "
+              "one save in flight at a time, so one copy of the state in host memory, and "
+              "saves that commit in order")
+    want = sum(v.numel() * v.element_size() for v in saved_state(N).values()
+               if torch.is_tensor(v))
+    returned = [outs[r]["returned"] for r in ranks]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in returned) \
+            or sum(returned) != want:
+        _fail(f"save() returned {returned} on ranks 0..{N - 1}: the bytes each rank's data "
+              f"file will hold, which add up to the state's {want}", "return the sizes of "
+              "the tensors layout(...) gives this rank, summed (numel() * element_size()), "
+              "as course_lib's save returns what it wrote")
+    not_yet = [r for r in ranks if not outs[r]["committed_after_wait"]]
+    if 0 in not_yet:
+        _fail("wait() returned on rank 0 before the checkpoint was committed", "wait() "
+              "joins the thread (thread.join()); on rank 0 the thread ends after commit")
+    _judge_files(outs[0]["a"], "the first save")
+    _judge_files(outs[0]["b"], "the second save")
+    _judge_values(outs[0])
+    dead, lead = outs[1]["full_wait"], outs[0]["full_wait"]
+    if "error" not in dead and "error" not in outs[1]["full"]:
+        _fail(f"a save whose writes failed on rank 1 ({FULL}) raised nothing there, in "
+              f"save() or in wait()", "an exception in a thread ends the thread, and "
+              "nobody sees it: catch it in the thread (try/except BaseException), keep it, "
+              "and raise it from wait(), once (then forget it)")
+    if lead.get("hung") or "error" not in lead:
+        said = (f"was still waiting {HANG_S:g} s later" if lead.get("hung") else
+                "returned as if all was well")
+        _fail(f"rank 1 never wrote its data file for the third save, and rank 0's wait() "
+              f"{said} (the saver was made with timeout={TIMEOUT_S:g})", "rank 0's thread "
+              "waits for the files with a deadline, time.monotonic() + timeout; past it, it "
+              "gives up without committing and keeps an error for wait() to raise")
+    if "rank00001.bin" not in lead["error"]:
+        _fail(f"rank 0's wait() raised {lead['error']!r} when rank 1's data never came",
+              "say what is missing: the names of the data files that never appeared "
+              "(data_file(r)), so that whoever reads the log knows which rank to look at")
+    raised = [r for r in ranks if "error" in outs[r]["again"]]
+    if len(raised) < len(outs) or outs[0]["b_after"] != outs[0]["b"]["files"]:
+        _fail("a save into the committed directory of the second one was not refused on "
+              "every rank, or changed its files", "begin with refuse_committed(path), in "
+              "save(), on every rank, before anything is written")
+
+
+def _judge_files(seen, which):
+    files = seen["files"]
+    if COMMITTED not in files or INDEX not in files:
+        _fail(f"after wait(), {which}'s directory holds {sorted(files)}: not committed",
+              "rank 0's thread writes the index and the marker, commit(path, everyone, "
+              "values), once every rank's data file is on disk")
+    data = sorted(name for name in files if name.startswith("rank") and name.endswith(".bin"))
+    late = [name for name in data if files[name][1] >= files[INDEX][1]]
+    if late or len(data) < N:
+        _fail(f"rank 0 wrote {which}'s index before the data file "
+              f"{(late or ['of every rank'])[-1]} was on disk (rank 2's disk is "
+              f"{2 * LATE_S:g} s slower than rank 0's)", "with no collective on the thread, "
+              "rank 0's thread waits until every rank's data file exists (path / "
+              "data_file(r) for each group rank r: write_data renames a file into place "
+              "only once it is whole), then commits")
+
+
+def _judge_values(lead):
+    want = saved_state(N)
+    for which in ("a", "b"):
+        got = lead[which]["whole"]
+        if "error" in got:
+            _fail(f"course_lib's load could not read the {which == 'a' and 'first' or 'second'}"
+                  f" checkpoint: {got['error']}", "each rank writes the tensors layout(...) "
+                  "returns; rank 0 commits every rank's descriptions")
+        got = got["value"]
+        for key, value in want.items():
+            same = (torch.is_tensor(got.get(key)) and torch.equal(got[key], value)
+                    if torch.is_tensor(value) else got.get(key) == value)
+            if not same:
+                changed = (which == "a" and torch.is_tensor(value)
+                           and torch.is_tensor(got.get(key))
+                           and torch.equal(got[key], value + 1000))
+                changed = changed or (which == "a" and key == "losses"
+                                      and got.get(key) == value + [0.0])
+                if changed:
+                    _fail(f"the first checkpoint holds '{key}' as the training loop left it "
+                          f"after save() returned, not as it was handed to save()",
+                          "the loop goes on changing the state while the thread writes: "
+                          "copy every tensor (and the plain values) in save(), before "
+                          "returning, and write the copies (map_state(state, copy_tensor, "
+                          "copy.deepcopy) copies a state's tensors and values)")
+                _fail(f"course_lib's load does not read back the '{key}' that was saved "
+                      f"({which == 'a' and 'first' or 'second'} checkpoint)", "write exactly "
+                      "the tensors layout(state, path, rank) returns for this rank")
