@@ -96,14 +96,16 @@ test-gpu: setup
 		"tests/pipeline/test_runs.py::test_on_nccl_the_pipeline_trains_as_one_process_and_traces_its_actions" \
 		-v -rs -p no:cacheprovider
 
-# JupyterLab in headless Chromium: Playwright drives Debian's chromium (installed here
-# when missing and we are root; the test skips, saying why, otherwise)
+# Every lab in JupyterLab in headless Chromium, worked as a student works it (one server,
+# one test per lab, and an interrupted deadlock; tests/browser). Playwright drives Debian's
+# chromium (installed here when missing and we are root; the tests skip, saying why,
+# otherwise); screenshots land in runs/browser/, the slowest tests' times are printed.
 test-browser: setup
 	$(BIN)/python -m pip install --quiet "playwright>=1.40"
 	@command -v chromium >/dev/null || { if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 		else echo "chromium is missing and we are not root: the browser test will skip"; fi; }
-	$(BIN)/python -m pytest tests/browser -m browser -v -rs -p no:cacheprovider
+	$(BIN)/python -m pytest tests/browser -m browser -v -rs -p no:cacheprovider --durations=12
 
 # make gpu-check: the one command for a machine with one GPU (course_lib/bench/gpucheck.py):
 # every solution notebook at NPROC=1 on NCCL side by side, nbval with the notebooks' own

@@ -90,9 +90,18 @@ def explore(kind="1f1b", p=4, m=8, v=2, t_b=2.0, t_comm=0.0, ax=None):
 def explorer():
     """An ipywidgets explorer of :func:`explore`: schedule, p, m, v, t_b, t_comm."""
     import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    def explore_and_show(**settings):
+        ax = explore(**settings)
+        # ipywidgets shows a callback's figures itself only for inline backends it knows by
+        # name, and matplotlib 3.11 names its own 'inline': show it here, or the picture
+        # under the widget never changes
+        plt.show()
+        return ax
 
     return widgets.interactive(
-        explore, kind=widgets.Dropdown(options=list(SCHEDULES), value="1f1b"),
+        explore_and_show, kind=widgets.Dropdown(options=list(SCHEDULES), value="1f1b"),
         p=widgets.IntSlider(4, 1, 8), m=widgets.IntSlider(8, 1, 24),
         v=widgets.IntSlider(2, 1, 4), t_b=widgets.FloatSlider(2.0, min=0.5, max=4.0, step=0.5),
         t_comm=widgets.FloatSlider(0.0, min=0.0, max=1.0, step=0.1), ax=widgets.fixed(None))

@@ -24,6 +24,7 @@ waited for before the call returns; the next call starts a fresh job.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from course_lib.runtime import nccl_rules, pickling, warm
 from course_lib.runtime.backend import resolve_backend
 from course_lib.runtime.failures import (LaunchError, LaunchTimeout, errors_of, failure, gave_up,
                                         timeout_error)
+from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.job import Job
 from course_lib.runtime.shipped import Shipped
 
@@ -163,7 +165,10 @@ def _finish(job, started, timeout, shipped=None):
             restarts = job.dir / "restarts"
             saved["restarts"] = int(restarts.read_text()) if restarts.exists() else 0
             saved["port"] = port
-    except BaseException as exc:  # KeyboardInterrupt, or a bug of ours
+    except KeyboardInterrupt as exc:  # the student stopped it: say where each rank was
+        _interrupted(job, shipped, job.kill, exc)
+        raise
+    except BaseException as exc:  # a bug of ours
         _end(job.kill, exc)
         raise
     _end(job.kill, error)
@@ -213,7 +218,10 @@ def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
             error = errors_of(job, nproc, number) or failure(
                 [], job.log, f"torchrun exited with status {job.proc.returncode} before "
                 "every rank returned (did the call end its process, e.g. sys.exit()?)")
-    except BaseException as exc:  # KeyboardInterrupt, or a bug of ours: nothing is reused
+    except KeyboardInterrupt as exc:  # the student stopped it: say where each rank was
+        _interrupted(job, shipped, lambda: warm.discard(serving), exc)
+        raise
+    except BaseException as exc:  # a bug of ours: nothing is reused
         _end(lambda: warm.discard(serving), exc)
         raise
     if error is None:
@@ -226,6 +234,19 @@ def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
     results.port, results.backend = port, backend
     results.wall_time = time.perf_counter() - started
     return results
+
+
+def _interrupted(job, shipped, kill, interrupt):
+    """After an interrupt (the kernel's stop button, Ctrl-C): print where each live rank
+    was, as a timeout would (a job that never ends is the usual reason to stop it), then
+    end the job. The interrupt is what propagates; a failure here becomes its note."""
+    try:
+        diagnosis = diagnose_hang(job.stacks(), job.nproc, shipped() if shipped else Shipped())
+        print(f"Interrupted: the job was stopped.\n{diagnosis.explain()}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the interrupt still wins
+        interrupt.add_note(f"(while reading the ranks' stacks, another error: {exc!r})")
+    finally:
+        _end(kill, interrupt)
 
 
 def _end(kill, error):

@@ -510,9 +510,10 @@ def test_run_script_passes_argv_and_reports_failure(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_keyboard_interrupt_kills_the_job(interruptible):
-    def sleepy():
-        time.sleep(60)
+def test_keyboard_interrupt_kills_the_job_and_says_where_each_rank_was(interruptible, capsys):
+    def both_receive():  # a deadlock: the usual reason a student stops a cell
+        peer = torch.zeros(1)
+        dist.recv(peer, src=1 - dist.get_rank())
 
     def interrupt_soon():
         time.sleep(6)
@@ -522,8 +523,12 @@ def test_keyboard_interrupt_kills_the_job(interruptible):
 
     threading.Thread(target=interrupt_soon, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        run(sleepy, nproc=2, timeout=120)
+        run(both_receive, nproc=2, timeout=120)
     assert not stray_processes()
+    err = capsys.readouterr().err
+    assert "Interrupted: the job was stopped" in err, err
+    # the diagnosis a timeout would give: each rank in its receive, the line quoted
+    assert "dist.recv(peer, src=1 - dist.get_rank())" in err and "rank 1" in err, err
 
 
 @pytest.mark.slow
