@@ -8,21 +8,28 @@ as :mod:`course_lib.hybrid.experts` does at ep = dp:
 
 - **memory**: a GPU holds its stage's N/pp layers of E/ep experts, each 1/tp of it
   (Megatron splits an expert as it splits an MLP), their model state sharded by ZeRO
-  over the dp c / ep ranks that hold the same experts; the rest as the dense mesh.
-  Activations are the dense model's (the k - 1 more expert activations a token leaves
-  are left out);
+  over the dp c / ep ranks that hold the same experts; the rest as the dense mesh;
 - **compute**: the dense step's, plus (k - 1) more MLPs per token per layer: the active
   parameters grow by (k - 1) N (8 h^2 + 5 h);
 - **a2a**: per layer per microbatch, two all-to-alls forward (the tokens out to their
-  experts, the results back) and two backward (two more with recompute), each sending
-  the (ep - 1)/ep of a GPU's b (s/c) k token copies, h bf16 values each, split over tp,
-  that leave for other ranks. On the critical path: the experts wait for their tokens.
-  An ep group is ep dp ranks, ep c tp consecutive GPUs: inside a node while that fits
-  in one, over NVLink (a board's pair links to the ep - 1 peers at once, a switch's
-  whole bandwidth), over InfiniBand once it does not;
-- **expert_sync**: the held experts' gradients synchronised over the dp c / ep ranks
-  holding them, charged as the dense mesh's dp traffic is (:func:`costs.dp_exposed`),
-  less what the dense model's own MLP costs there (already in ``dp_comm``).
+  experts, the results back) and two backward (two more with recompute). Routing is taken
+  as even: each of a GPU's b (s/c) k token copies, h bf16 values split over tp, goes to
+  each of the ep ranks with chance 1/ep. An ep group is ep dp ranks, one every c tp GPUs
+  (tp fastest, then cp, then dp); the copies for peers in the same node go over NVLink (a
+  board's pair link to each peer at once, a switch's whole bandwidth shared), the others
+  over InfiniBand, both at once; an all-to-all posts every send and receive together (as
+  NCCL's does), so it pays one latency, and lasts as long as its slower link, on the
+  GPU whose group is placed worst. On the critical path: the experts wait for their
+  tokens;
+- **expert_sync**: the dense mesh's dp traffic is split in two: the shared weights'
+  gradients over the dp c ranks holding them, the held experts' over the dp c / ep
+  ranks holding those (at ep = 1 the same ranks: one traffic), each charged as
+  :func:`costs.dp_exposed` charges it (the two replace the dense ``dp_comm``);
+  ``expert_sync`` is what the experts add.
+
+Left out: the load's imbalance (an expert given more than its share of tokens makes every
+rank wait; capacity bounds it), ZeRO-3's gathered layer of experts, and the k - 1 more
+expert activations a token leaves.
 
 At ep = 1 every GPU holds all E experts: the replicated MoE. ::
 
@@ -34,8 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from course_lib.collectives.cost_model import p2p_time
-from course_lib.hybrid.costs import _link, dp_exposed, memory_per_gpu, step_time
+from course_lib.hybrid.costs import _link, dp_exposed, memory_per_gpu, params_per_gpu, step_time
 from course_lib.memory.estimate import GB, model_state_bytes, param_count
 
 
@@ -50,13 +56,33 @@ def expert_params(shape):
     return 8 * shape.dim * shape.dim + 5 * shape.dim
 
 
-def ep_link(gpu, mesh, ep):
-    """(alpha in s, bytes/s) of one GPU's all-to-all over an ep group of ``ep``
-    consecutive dp ranks, ep c tp consecutive GPUs."""
-    if ep * mesh.cp * mesh.tp > gpu.gpus_per_node:
-        return gpu.ib_alpha_s, gpu.ib_gbps * 1e9
-    peers = 1 if gpu.nvswitch else ep - 1
-    return gpu.nvlink_alpha_s, gpu.nvlink_pair_gbps * peers * 1e9
+def ep_groups(mesh, ep):
+    """The global ranks of every ep group: ep consecutive dp coordinates, the other
+    coordinates shared, ranks placed as :class:`~course_lib.hybrid.four_d.FourDims` lays
+    them out (tp fastest, then cp, dp, pp)."""
+    stride = mesh.cp * mesh.tp
+    return [[(s * mesh.dp + d) * stride + c * mesh.tp + t for d in range(first, first + ep)]
+            for s in range(mesh.pp) for first in range(0, mesh.dp, ep)
+            for c in range(mesh.cp) for t in range(mesh.tp)]
+
+
+def a2a_seconds(gpu, mesh, ep, per_peer):
+    """One all-to-all sending ``per_peer`` bytes to each other rank of its ep group, on
+    the GPU whose group is placed worst: its NVLink and InfiniBand shares at once, one
+    latency (every message is posted together)."""
+    if ep == 1:
+        return 0.0
+    worst = 0.0
+    for group in ep_groups(mesh, ep):
+        for rank in group:
+            near = sum(r // gpu.gpus_per_node == rank // gpu.gpus_per_node for r in group) - 1
+            far = ep - 1 - near
+            nvlink = (near * per_peer / (gpu.nvlink_pair_gbps * 1e9) if gpu.nvswitch
+                      else per_peer / (gpu.nvlink_pair_gbps * 1e9) if near else 0.0)
+            infiniband = far * per_peer / (gpu.ib_gbps * 1e9)
+            alpha = gpu.ib_alpha_s if far else gpu.nvlink_alpha_s
+            worst = max(worst, alpha + max(nvlink, infiniband))
+    return worst
 
 
 def moe_costs(shape, mesh, work, gpu, experts=Experts(), ep=1, efficiency=1.0):
@@ -78,17 +104,21 @@ def moe_costs(shape, mesh, work, gpu, experts=Experts(), ep=1, efficiency=1.0):
     compute = t["compute"] * (1 + (k - 1) * shape.layers * expert_params(shape)
                               / param_count(shape))
     m = work.microbatches(mesh)
-    tokens = work.micro_batch * shape.seq_len / mesh.cp * k  # a GPU's token copies
-    sent = 2 * tokens * shape.dim / mesh.tp * (ep - 1) / ep  # bf16, to the other ranks
-    alpha, bandwidth = ep_link(gpu, mesh, ep)
-    per_a2a = (ep - 1) * alpha + sent / bandwidth if ep > 1 else 0.0
-    a2a = (6 if work.checkpointing else 4) * layers * m * per_a2a
+    copies = work.micro_batch * shape.seq_len / mesh.cp * k  # a GPU's token copies
+    per_peer = 2 * copies * shape.dim / mesh.tp / ep  # bf16, even routing
+    a2a = (6 if work.checkpointing else 4) * layers * m * a2a_seconds(gpu, mesh, ep, per_peer)
     backward = compute / m * (6 / 8 if work.checkpointing else 4 / 6)
     link = _link(gpu, mesh, "dp")
-    sync = max(0.0, dp_exposed(2 * held, same // ep, m, work.zero, compute, backward, link)
-               - dp_exposed(2 * one_mlp, same, m, work.zero, compute, backward, link))
+    shared = params_per_gpu(shape, mesh) - one_mlp
+    dense_sync = dp_exposed(2 * shared, same, m, work.zero, compute, backward, link)
+    if ep == 1:  # the experts travel with the shared weights, in the same collectives
+        sync = dp_exposed(2 * (shared + held), same, m, work.zero, compute, backward,
+                          link) - dense_sync
+    else:
+        sync = dp_exposed(2 * held, same // ep, m, work.zero, compute, backward, link)
     bubble = compute * (mesh.pp - 1) / m
-    total = t["total"] - t["compute"] - t["bubble"] + compute + bubble + a2a + sync
+    total = (t["total"] - t["compute"] - t["bubble"] - t["dp_comm"] + compute + bubble
+             + dense_sync + a2a + sync)
     return {"memory": memory, "fits": memory <= 0.9 * gpu.memory_gb * GB, "compute": compute,
             "a2a": a2a, "expert_sync": sync, "total": total,
             "tokens_per_s": work.global_batch * shape.seq_len / total}
@@ -113,4 +143,4 @@ def ep_table(shape, mesh, work, gpu, experts=Experts(), efficiency=1.0, echo=Tru
     return rows
 
 
-__all__ = ["Experts", "expert_params", "ep_link", "moe_costs", "ep_table"]
+__all__ = ["Experts", "expert_params", "ep_groups", "a2a_seconds", "moe_costs", "ep_table"]

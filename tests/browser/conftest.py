@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from notebook import SHOTS, TOKEN
+from browser.notebook import SHOTS, TOKEN
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

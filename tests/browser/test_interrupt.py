@@ -6,8 +6,8 @@ shows it), and the notebook must go on: the next cell's job runs.
 """
 import pytest
 
-from notebook import CELLS, SHOTS, TOKEN, Notebook
-from test_labs import prepare
+from browser.notebook import CELLS, SHOTS, TOKEN, Notebook
+from browser.test_labs import prepare
 
 pytestmark = pytest.mark.browser
 DEADLOCK = '''def everyone_sends():

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from labs import LABS
-from notebook import ROOT, SHOTS, TOKEN, Notebook
+from browser.labs import LABS
+from browser.notebook import ROOT, SHOTS, TOKEN, Notebook
 
 pytestmark = pytest.mark.browser
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"

@@ -7,7 +7,7 @@ import pytest
 from course_lib.ep.moe import Expert
 from course_lib.hybrid import plan
 from course_lib.hybrid.costs import memory_per_gpu, step_time
-from course_lib.hybrid.moe_costs import Experts, ep_link, expert_params, moe_costs
+from course_lib.hybrid.moe_costs import Experts, a2a_seconds, ep_groups, expert_params, moe_costs
 from course_lib.memory.estimate import GB, OLMO
 
 ONE_B, WORK, H100 = OLMO["OLMo 1B"], plan.Workload(zero=0), plan.H100_80GB
@@ -21,7 +21,8 @@ def test_an_expert_is_the_courses_expert_and_one_expert_is_the_dense_model():
     one = moe_costs(ONE_B, mesh, WORK, H100, Experts(1, 1), ep=1)
     dense, t = memory_per_gpu(ONE_B, mesh, WORK), step_time(ONE_B, mesh, WORK, H100)
     assert one["memory"] == pytest.approx(dense["total"])
-    assert one["total"] == pytest.approx(t["total"]) and one["a2a"] == one["expert_sync"] == 0
+    assert one["total"] == pytest.approx(t["total"]) and one["a2a"] == 0
+    assert 0 < one["expert_sync"] < t["dp_comm"]  # the MLP's share of the gradient traffic
 
 
 def test_replicated_experts_cost_their_state_and_ep_divides_it():
@@ -42,18 +43,31 @@ def test_replicated_experts_cost_their_state_and_ep_divides_it():
         1 + mlps / plan.params_per_gpu(ONE_B, plan.Mesh()))
 
 
-def test_the_all_to_all_by_hand_and_its_link_leaving_the_node():
+def test_the_all_to_all_by_hand_and_its_links_inside_and_across_nodes():
     mesh = plan.Mesh(dp=16, tp=2)
     s, h, m, layers = ONE_B.seq_len, ONE_B.dim, WORK.microbatches(mesh), ONE_B.layers
-    # ep = 2: 4 GPUs, one 4-GPU board; the token copies' half that leaves, over one pair link
-    sent = 2 * (1 * s * 2) * h / 2 * (1 / 2)
-    want = 4 * layers * m * (H100.nvlink_alpha_s + sent / (H100.nvlink_pair_gbps * 1e9))
+    # ep groups: dp neighbours, one every tp = 2 GPUs: {0, 2}, {1, 3}, {4, 6}, ...
+    assert ep_groups(mesh, 2)[:3] == [[0, 2], [1, 3], [4, 6]]
+    # ep = 2, one 4-GPU board: the half of the 2 s k = 2 token copies (h / tp bf16 values
+    # each) that leave go to the one peer over its pair link
+    per_peer = 2 * (s * 2) * h / 2 / 2
+    want = 4 * layers * m * (H100.nvlink_alpha_s + per_peer / (H100.nvlink_pair_gbps * 1e9))
     assert moe_costs(ONE_B, mesh, WORK, H100, Experts(8, 2), 2)["a2a"] == pytest.approx(want)
-    assert ep_link(H100, mesh, 2)[1] == H100.nvlink_pair_gbps * 1e9
-    assert ep_link(H100, mesh, 4) == (H100.ib_alpha_s, H100.ib_gbps * 1e9)  # 8 GPUs: 2 nodes
+    # ep = 4: {0, 2, 4, 6} spans two nodes: one peer on NVLink, two on InfiniBand, at once
+    quarter = 2 * (s * 2) * h / 2 / 4
+    assert a2a_seconds(H100, mesh, 4, quarter) == pytest.approx(
+        H100.ib_alpha_s + max(quarter / (H100.nvlink_pair_gbps * 1e9),
+                              2 * quarter / (H100.ib_gbps * 1e9)))
     from course_lib.hybrid.costs import H100_NVSWITCH_NODE as switch
 
-    assert ep_link(switch, mesh, 4)[1] == switch.nvlink_pair_gbps * 1e9
+    # through a switch the three peers of a node share the GPU's bandwidth
+    assert a2a_seconds(switch, mesh, 4, quarter) == pytest.approx(
+        switch.nvlink_alpha_s + 3 * quarter / (switch.nvlink_pair_gbps * 1e9))
+    # a group that straddles two nodes ({3, 4, 5} of 4-GPU nodes) pays InfiniBand
+    straddle = plan.Mesh(dp=12)
+    assert ep_groups(straddle, 3)[1] == [3, 4, 5]
+    assert a2a_seconds(H100, straddle, 3, 1e6) == pytest.approx(
+        H100.ib_alpha_s + max(1e6 / (H100.nvlink_pair_gbps * 1e9), 2e6 / (H100.ib_gbps * 1e9)))
     recompute = dataclasses.replace(WORK, checkpointing=True)
     assert moe_costs(ONE_B, mesh, recompute, H100, Experts(8, 2), 2)["a2a"] == pytest.approx(
         1.5 * want)

@@ -20,7 +20,10 @@ order:
 4. a save into ``c`` whose rank 1 cannot write (a full disk): its ``wait()`` must raise
    that, and rank 0's, after the timeout, that rank 1's data never came (a ``wait()``
    still waiting 15 s later is reported as hung);
-5. a save into ``b`` again: refused, nothing changed.
+5. a save into ``b`` again: refused, nothing changed (and not the third save's error
+   raised again);
+6. a save into ``c``, where the failed save left rank 0's and rank 2's data files,
+   rank 2's disk 0.6 s late: rank 0 must commit on this save's files, not the old ones.
 
 Meanwhile it notes every ``torch.distributed`` call made off the main thread. The verdict
 is all here.
@@ -45,7 +48,7 @@ from course_lib.grading.lab08.atomic import _attempt, _files, _state, saved_stat
 from course_lib.grading.requests import on_ranks
 
 EX_ASYNC = "Exercise 8.6"
-N, LATE_S, GATE_S, TIMEOUT_S, HANG_S = 3, 0.3, 1.5, 5.0, 15.0
+N, LATE_S, GATE_S, TIMEOUT_S, HANG_S, RESAVE_LATE_S = 3, 0.3, 1.5, 5.0, 15.0, 0.6
 FULL = "No space left on device (the check's disk is full)"
 WATCHED = ("all_gather_object", "gather_object", "broadcast_object_list", "barrier",
            "all_gather", "all_reduce", "broadcast", "gather", "scatter", "reduce_scatter",
@@ -56,28 +59,30 @@ __all__ = ["check_async_save", "async_job"]
 
 
 @contextmanager
-def _watched(rank, gate, failing):
-    """The gate on background writes, the late disk, the full one under ``failing``,
-    and a note of every collective called off the main thread."""
+def _watched(rank, gate, disk):
+    """The gate on background writes, the late disk (``disk["late"]``: seconds to add to
+    this rank's next data files), the full one (rank 1's, under ``disk["failing"]``), and
+    a note of every collective called off the main thread (but by the check's own)."""
     # the module, not the function course_lib.checkpoint exports under the same name
     save_module = importlib.import_module("course_lib.checkpoint.save")
 
-    real_write, seen, late = save_module.write_atomically, {"off_main": set()}, [LATE_S * rank]
+    real_write, seen = save_module.write_atomically, {"off_main": set(), "exempt": set()}
     main = threading.main_thread()
 
     def write_atomically(path, data):
         if threading.current_thread() is not main:
             if not gate.wait(60):
                 raise TimeoutError("the check's gate never opened")
-            if Path(path).parent == failing and rank == 1:
+            if Path(path).parent == disk["failing"] and rank == 1:
                 raise OSError(FULL)
-            if late and Path(path).name == data_file(rank):
-                time.sleep(late.pop())
+            if disk["late"] and Path(path).name == data_file(rank):
+                time.sleep(disk["late"].pop())
         return real_write(path, data)
 
     def noting(name, fn):
         def call(*args, **kwargs):
-            if threading.current_thread() is not main:
+            if threading.current_thread() is not main \
+                    and threading.get_ident() not in seen["exempt"]:
                 seen["off_main"].add(name)
             return fn(*args, **kwargs)
         return call
@@ -94,11 +99,13 @@ def _watched(rank, gate, failing):
             setattr(dist, name, fn)
 
 
-def _waited(saver):
-    """``_attempt(saver.wait)``, or {"hung": True} if it is still waiting after HANG_S."""
+def _waited(saver, seen):
+    """``_attempt(saver.wait)``, or {"hung": True} if it is still waiting after HANG_S.
+    The check's waiting thread stands for the loop's: its collectives are not noted."""
     result = {"hung": True}
 
     def waiting():
+        seen["exempt"].add(threading.get_ident())
         result.clear()
         result.update(_attempt(saver.wait))
 
@@ -124,9 +131,9 @@ def async_job(saver_class):
     dist.broadcast_object_list(name, group_src=0)
     root, out, ended = Path(name[0]), {}, False
     a, b, c = root / "step_000100", root / "step_000200", root / "step_000300"
-    gate = threading.Event()
+    gate, disk = threading.Event(), {"failing": c, "late": [LATE_S * rank]}
     try:
-        with _watched(rank, gate, c) as seen:
+        with _watched(rank, gate, disk) as seen:
             saver = saver_class(timeout=TIMEOUT_S)
             state = _state(rank, N)
             out["returned"] = saver.save(state, a)
@@ -146,7 +153,7 @@ def async_job(saver_class):
                 out["b"] = {"files": _files(b), "whole": _attempt(consolidate, b)}
             dist.barrier()
             out["full"] = _attempt(saver.save, _state(rank, N), c)
-            out["full_wait"] = _waited(saver)
+            out["full_wait"] = _waited(saver, seen)
             hung = [bool(out["full_wait"].get("hung"))]
             dist.broadcast_object_list(hung, group_src=0)
             if not hung[0]:  # a saver still waiting would hang the next save: verdict given
@@ -155,6 +162,20 @@ def async_job(saver_class):
             dist.barrier()
             if rank == 0:
                 out["b_after"] = _files(b)
+            # step 6 only after a step 5 every rank refused for the right reason: a rank that
+            # re-raised an old error skips the gather the others wait in
+            why = out.get("again", {}).get("error", "")
+            fine = [bool(why) and FULL not in why and "rank00001.bin" not in why]
+            every = [None] * N
+            dist.all_gather_object(every, fine[0])
+            if all(every):  # into the failed save's directory, its files still there
+                disk["failing"] = None
+                disk["late"][:] = [RESAVE_LATE_S] if rank == 2 else []
+                out["resave"] = _attempt(saver.save, _state(rank, N), c)
+                out["resave_wait"] = _waited(saver, seen)
+            dist.barrier()
+            if rank == 0 and all(every):
+                out["c"] = {"files": _files(c), "whole": _attempt(consolidate, c)}
             out["off_main"] = sorted(seen["off_main"])
         ended = True
         return out
@@ -238,11 +259,39 @@ def _judge(outs):
         _fail(f"rank 0's wait() raised {lead['error']!r} when rank 1's data never came",
               "say what is missing: the names of the data files that never appeared "
               "(data_file(r)), so that whoever reads the log knows which rank to look at")
+    again = [outs[r]["again"].get("error", "") for r in ranks]
+    if any(FULL in e or "rank00001.bin" in e for e in again):
+        _fail("a save after the failed one raised the failed save's error again",
+              "wait() raises a kept error once, then forgets it (sets it back to None): the "
+              "next save is a new one")
     raised = [r for r in ranks if "error" in outs[r]["again"]]
     if len(raised) < len(outs) or outs[0]["b_after"] != outs[0]["b"]["files"]:
         _fail("a save into the committed directory of the second one was not refused on "
               "every rank, or changed its files", "begin with refuse_committed(path), in "
               "save(), on every rank, before anything is written")
+    if "c" in outs[0]:
+        _judge_resave(outs)
+
+
+def _judge_resave(outs):
+    """Step 6: a save into the directory the failed save left behind."""
+    bad = [(r, outs[r]["resave"].get("error") or outs[r]["resave_wait"].get("error")
+            or "still waiting") for r in range(len(outs))
+           if "error" in outs[r]["resave"] or "error" in outs[r]["resave_wait"]
+           or outs[r]["resave_wait"].get("hung")]
+    if bad:
+        _fail(f"a save into the directory the failed save left (never committed) failed on "
+              f"rank {bad[0][0]}: {bad[0][1]}", "a directory without the marker holds no "
+              "checkpoint: a new save may write there (refuse_committed lets it)")
+    files = outs[0]["c"]["files"]
+    late = files.get("rank00002.bin", [0, 0])[1]
+    if INDEX in files and COMMITTED in files and late >= files[INDEX][1]:
+        _fail("rank 0 committed the save into the failed save's directory before rank 2's "
+              "new data file was on disk: it found the file rank 2 wrote in the failed save",
+              "a save that died leaves its files behind: each rank removes its own data "
+              "file, path / data_file(rank), in save() before the gather, so that every "
+              "data file rank 0 finds after the gather is this save's")
+    _judge_files(outs[0]["c"], "the save into the failed save's directory")
 
 
 def _judge_files(seen, which):
