@@ -64,11 +64,13 @@ salt-sweep: setup sandbox
 	  for p in glob.glob('runs/salt-sweep/*/gradebook.details.csv') for r in csv.DictReader(open(p)) \
 	  if r['status'] != 'pass']; print(*bad, sep='\n'); sys.exit(1 if bad else 0)"
 
-# The distributed tests and every solution notebook with gloo keeping NCCL's rules
-# (course_lib/runtime/nccl_rules.py): what would hang or break on a GPU cluster fails here
+# The distributed tests with gloo keeping NCCL's rules (course_lib/runtime/nccl_rules.py):
+# what would hang or break on a GPU cluster fails here. Every lab's notebook runs under the
+# rules in make test-browser (its JupyterLab exports COURSE_LIB_NCCL_RULES=1); add
+# RULES_TESTS="... solutions" to run the solutions under nbval with them too.
 RULES_TESTS ?= tests/collectives tests/ddp tests/fsdp tests/pipeline tests/tp tests/hybrid tests/cp tests/ep \
 	tests/checkpoint \
-	tests/test_comm.py tests/test_mesh.py tests/runtime/test_nccl_rules.py solutions
+	tests/test_comm.py tests/test_mesh.py tests/runtime/test_nccl_rules.py
 test-nccl-rules: setup
 	COURSE_LIB_NCCL_RULES=1 $(BIN)/python -m pytest $(RULES_TESTS) -p no:cacheprovider --durations=10
 

@@ -99,6 +99,7 @@ class Saver:
             raise error
 
 
+@pytest.mark.slow  # the judged path of a 3-rank job: `make test-slow`
 def test_the_solution_passes_as_judged(sandbox):
     assert "timed out by name" in judged(sandbox, check_async_save, Saver)
 

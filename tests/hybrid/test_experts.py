@@ -35,6 +35,7 @@ def _moe_rows(cfg):
                           n_experts=4, top_k=2)
 
 
+@pytest.mark.slow  # two strategies measured in one job: `make test-slow`
 def test_the_tables_moe_rows_hold_what_the_estimate_says_and_ep_moves_tokens_not_experts():
     from course_lib.hybrid.experts import MoEGPT, moe_params
     from course_lib.hybrid.table import model_state_estimate

@@ -56,6 +56,7 @@ def rule_then_peer_aborts():
     dist.all_reduce(torch.ones(1))  # the main thread issues while the helper's is in flight
 
 
+@pytest.mark.slow  # the two-thread case, repeated: `make test-slow`
 def test_the_rule_is_named_before_the_abort_that_followed_it():
     """Issue 33: one run in about a dozen named the aborting peer (no record, sorted first)
     instead of the rule. Here the peer aborts every time, so every run would have."""

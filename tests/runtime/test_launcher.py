@@ -126,6 +126,7 @@ def wait_for_left_neighbour():
     dist.recv(t, (rank - 1) % world)  # nobody ever sends
 
 
+@pytest.mark.slow  # a hang waited out: `make test-slow`
 def test_deadlock_ends_in_timeout_with_every_stack():
     run(int, nproc=3)  # start the job first: the short timeout is for the hang alone
     started = time.perf_counter()

@@ -182,6 +182,7 @@ def one_rank_skips_the_barrier():
         dist.barrier()
 
 
+@pytest.mark.slow  # a hang waited out: `make test-slow`
 def test_a_rank_missing_from_a_collective_hangs_and_is_diagnosed():
     run_under_rules(int)  # start the job first: the short timeout is for the hang alone
     with pytest.raises(LaunchError) as info:
