@@ -24,6 +24,7 @@ def three_d(cfg):
     return trained, row
 
 
+@pytest.mark.slow  # 8 ranks, three strategies: `make test-slow`
 def test_three_dims_at_once_train_as_one_process():
     reference = reference_training(CFG, steps=STEPS, batch=BATCH)
     outs = run(three_d, CFG, nproc=8, timeout=300)

@@ -47,6 +47,7 @@ def tagged_call(how):
     return None
 
 
+@pytest.mark.slow  # several jobs under the rules: `make test-slow`
 def test_a_tag_is_refused_at_once_naming_the_rule_and_the_call():
     # gloo keeps two tagged streams apart; NCCL would match them by posting order and
     # swap them without a word, so under its rules the tag itself is refused
