@@ -8,6 +8,11 @@ instead (its prompt and the end of its output).
 import re
 from pathlib import Path
 
+# how IPython shows an exception the cell raised ("NcclRuleError    Traceback (most recent
+# call last)"), not a traceback the cell printed on purpose (a rank's, inside a LaunchError
+# that Lab 00 catches and prints: "Traceback (most recent call last):" on a line of its own)
+RAISED = re.compile(r"\S[ \t]+Traceback \(most recent call last\)")
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "course-browser-test"
 SHOTS = ROOT / "runs" / "browser"
@@ -96,7 +101,7 @@ class Notebook:
                       f"cells {first}-{last} to finish running", seconds)
         after = self.state(first, last)
         for k, s in enumerate(after):
-            if s["code"] and (s["prompt"] == before[k] or "Traceback" in s["text"]
+            if s["code"] and (s["prompt"] == before[k] or RAISED.search(s["text"])
                               or not re.search(r"\[\d+\]", s["prompt"])):
                 raise AssertionError(f"{self.describe(first + k)} did not run cleanly "
                                      f"(prompt before {before[k]!r}): {self._shown(first + k)}")
