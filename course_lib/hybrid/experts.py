@@ -26,10 +26,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib.collectives.select import collective_ops
 from course_lib.ep import ExpertParallelMoE, MoE
-from course_lib.hybrid.strategies import LR
-from course_lib.models import Block, GPTConfig, init_deterministic
+from course_lib.hybrid.strategies import LR, Strategy, train_strategy
+from course_lib.mesh import ParallelDims
+from course_lib.models import Block, GPTConfig, gpt_param_count, init_deterministic
 from course_lib.pipeline.runs import corpus_batches, gpt_loss
+from course_lib.runtime.backend import current_device
 
 AUX_WEIGHT = 0.01
 
@@ -105,8 +108,6 @@ def moe_params(cfg: GPTConfig, n_experts=4):
     """(shared, experts): the parameters of :class:`MoEGPT` outside its experts (the dense
     GPT's, less each block's MLP of 8D^2 + 5D, plus each router's D E) and in them
     (L E (8D^2 + 5D)). A rank of ep = n holds shared + experts / n."""
-    from course_lib.models import gpt_param_count
-
     d, mlp = cfg.dim, 8 * cfg.dim * cfg.dim + 5 * cfg.dim
     return gpt_param_count(cfg) - cfg.layers * (mlp - d * n_experts), cfg.layers * n_experts * mlp
 
@@ -121,11 +122,6 @@ def moe_strategy(name, cfg, dp, inner, seed, lr, n_experts=4, top_k=2, capacity_
     - ``moe_dp_ep``: ep = n, E/n experts per rank, as :func:`train_dp_ep` (equal to one
       process on the whole batch): the replicated weights' gradients all-reduced, the
       experts' only divided by n."""
-    from course_lib.collectives.select import collective_ops
-    from course_lib.hybrid.strategies import Strategy
-    from course_lib.mesh import ParallelDims
-    from course_lib.runtime.backend import current_device
-
     n = dp * inner
     if n_experts % n and name == "moe_dp_ep":
         raise ValueError(f"ep = {n} ranks must divide the {n_experts} experts")
@@ -175,8 +171,6 @@ def train_dp_ep(cfg, n_experts=4, top_k=2, steps=3, batch=8, seed=0, lr=LR,
     """On every rank of the world (dp = ep = world size): train :class:`MoEGPT` as the
     module's docstring lays out. Returns {"losses", "state"}: the whole batch's loss
     on every rank; the full state (every expert gathered) on rank 0, None elsewhere."""
-    from course_lib.hybrid.strategies import train_strategy
-
     dp = dist.get_world_size()
     if n_experts % dp or batch % dp:
         raise ValueError(f"dp = ep = {dp} must divide the {n_experts} experts and the "

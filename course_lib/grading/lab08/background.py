@@ -102,17 +102,16 @@ def _watched(rank, gate, disk):
 def _waited(saver, seen):
     """``_attempt(saver.wait)``, or {"hung": True} if it is still waiting after HANG_S.
     The check's waiting thread stands for the loop's: its collectives are not noted."""
-    result = {"hung": True}
+    result = {}
 
     def waiting():
         seen["exempt"].add(threading.get_ident())
-        result.clear()
         result.update(_attempt(saver.wait))
 
     thread = threading.Thread(target=waiting, daemon=True)
     thread.start()
     thread.join(HANG_S)
-    return dict(result) if not thread.is_alive() else {"hung": True}
+    return {"hung": True} if thread.is_alive() else result
 
 
 def _changed(state):
