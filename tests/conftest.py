@@ -98,7 +98,7 @@ def stray_folders():
     process owns: a job's folder goes when its job ends, whatever ended it."""
     from course_lib.runtime import warm
 
-    live = {job.job.dir for job in warm._jobs.values()}
+    live = {job.dir for job in warm.jobs()}
     return sorted(set(Path(tempfile.gettempdir()).glob("course-job-*")) - JOB_FOLDERS - live)
 
 

@@ -1,5 +1,6 @@
-"""How a job failed, told from what its ranks left (Lab 00's launcher): the records of
-the ranks that raised, the marks of the ranks torchrun ended, torchrun's own summary.
+"""How a job failed, explained from what its ranks left (Lab 00's launcher): the records of
+the ranks that raised, the ranks that died silently, torchrun's own summary. Pure: the
+job (:mod:`course_lib.runtime.job`) reads those from its folder and hands them here.
 
 A rank that raises writes a record (its traceback). The ranks torchrun then ends with
 SIGTERM write a mark from the signal handler. A rank that left neither, nor a result,
@@ -13,15 +14,14 @@ every rank's stack (:func:`timeout_error`).
 """
 from __future__ import annotations
 
-import json
 import re
 import signal
 
 from course_lib.runtime.hangs import diagnose_hang
 from course_lib.runtime.shipped import Shipped
 
-__all__ = ["LaunchError", "LaunchTimeout", "errors_of", "failure", "cause_rank", "timeout_error",
-           "gave_up"]
+__all__ = ["LaunchError", "LaunchTimeout", "explain", "failure", "cause_rank", "timeout_error",
+           "gave_up", "interrupted"]
 
 
 class LaunchError(RuntimeError):
@@ -51,35 +51,14 @@ class LaunchTimeout(LaunchError):
         self.stacks = dict(stacks or {})
 
 
-def errors_of(job, nproc, call=1):
-    """The failure of call number ``call`` (1 for a script or a restartable call)."""
-    errors = []
-    for rank in range(nproc):
-        path = job.dir / f"error{rank}.json"
-        try:
-            errors.append(json.loads(path.read_text()))
-        except FileNotFoundError:
-            continue
-        except ValueError:  # cut short: its rank was ended while writing it (the rank
-            continue        # that failed first, whose record is whole, names the cause)
-    # a job that restarts fails in its last attempt: an earlier attempt's record is history
-    errors = [e for e in errors if e.get("attempt", 0) == job.max_restarts]
-    recorded = {e["rank"] for e in errors}
-    signals = _signalled_ranks(job.log)
-    for rank in range(nproc):  # the cause, when a rank died with no word of its own
-        if rank not in recorded and _ended_silently(job, rank, call):
-            errors.append(_silent_death(rank, signals.get(rank)))
-    return failure(errors, job.log) if errors else None
-
-
-def _ended_silently(job, rank, call):
-    """The rank left no record, no result of this call, and was not ended by torchrun
-    (its SIGTERM mark, worker._mark_when_ended, is empty): it was killed or crashed."""
-    mark = job.dir / f"ended{rank}.txt"
-    try:
-        return mark.stat().st_size == 0 and not (job.dir / f"result{rank}-{call}.pkl").exists()
-    except FileNotFoundError:  # it never started (this attempt)
-        return False
+def explain(errors, silent, log):
+    """The :class:`LaunchError` for what a job's ranks left, or None when they left nothing:
+    ``errors``, the records of the ranks that raised; ``silent``, the ranks that died with
+    no word (no record, no result, no mark of torchrun's SIGTERM); ``log``, torchrun's
+    lines, whose failure summary says which signal ended a silent rank."""
+    signals = _signalled_ranks(log)
+    errors = list(errors) + [_silent_death(rank, signals.get(rank)) for rank in silent]
+    return failure(errors, log) if errors else None
 
 
 def _signalled_ranks(log):
@@ -112,6 +91,14 @@ def _silent_death(rank, code):
                f"{_WHY.get(code, 'sent by another process')}")
     return {"rank": rank, "type": name, "time": 0.0, "traceback": "", "message": how,
             "silent": True}
+
+
+def interrupted(stacks, nproc, shipped=None):
+    """What to print after the student stopped a job (the kernel's stop button, Ctrl-C):
+    where each live rank was, as a timeout would say (a job that never ends is the usual
+    reason to stop one)."""
+    diagnosis = diagnose_hang(stacks, nproc, shipped or Shipped())
+    return f"Interrupted: the job was stopped.\n{diagnosis.explain()}"
 
 
 def timeout_error(timeout, nproc, stacks, log, shipped=None):
@@ -160,11 +147,11 @@ def failure(errors, log, reason=None):
     return LaunchError(f"{reason}. Launcher output:\n{tail}", log="".join(log))
 
 
-def gave_up(job):
+def gave_up(returncode, max_restarts):
     """Why a job failed when no rank of its last attempt left a record."""
-    reason = f"torchrun exited with status {job.proc.returncode} and no rank reported an error"
-    if job.max_restarts:
-        reason += (f" in its last attempt (the ranks were started {job.max_restarts + 1} times, "
-                   f"max_restarts={job.max_restarts}; a rank ended by a signal, SIGKILL or "
+    reason = f"torchrun exited with status {returncode} and no rank reported an error"
+    if max_restarts:
+        reason += (f" in its last attempt (the ranks were started {max_restarts + 1} times, "
+                   f"max_restarts={max_restarts}; a rank ended by a signal, SIGKILL or "
                    "out of memory, leaves no record: look for 'Signal' and 'exitcode' below)")
     return reason

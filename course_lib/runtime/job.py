@@ -1,10 +1,19 @@
-"""One torchrun process and its ranks, seen from the notebook: start, output, stacks, end.
+"""A torchrun job's whole life, seen from the notebook: start, call, fail, end.
 
-A :class:`Job` owns a temporary folder (the payloads, results, error records,
-stack dumps and torchrun's own temporary files) and the ``torchrun`` child. It
-reads the child's output on a thread for the job's whole life, so that a call
-can print its ranks' lines as they arrive and stop at a marker line, at the
-child's exit, or at a deadline, whichever comes first.
+A :class:`Job` is one ``torchrun`` child and a temporary folder (the payloads,
+results, error records, stack dumps and torchrun's own temporary files). Its life:
+
+- **start** (``Job(...)``): the folder, the ranks' settings (``spec.json``), the
+  command line and environment (:mod:`course_lib.runtime.command`), the child, and
+  a thread reading its output for its whole life (:mod:`course_lib.runtime.output`);
+  a serving job also hosts the key-value store its calls are handed out through;
+- **call** (:meth:`Job.call`, a serving job, many times) or **wait**
+  (:meth:`Job.wait`, a job that runs to its end: a script, a restartable call);
+- **fail**: read what the ranks left (records, SIGTERM marks, torchrun's summary,
+  stacks of a hung job) and have it explained (:mod:`course_lib.runtime.failures`);
+  a failed, timed-out or interrupted job ends itself before the error propagates;
+- **end** (:meth:`Job.end`): torchrun, every rank and whatever they started,
+  waited for; the folder removed.
 
 How a job can never outlive the notebook kernel, with no ``preexec_fn`` (not
 safe in a threaded kernel, and ``PR_SET_PDEATHSIG`` fires when the *thread*
@@ -17,108 +26,73 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
-from course_lib.runtime import nccl_rules, procs
+import torch.distributed as dist
 
-AGENT = Path(__file__).resolve().with_name("agent.py")
-RANK_LINE = re.compile(r"^\[rank(\d+)\]")
-# kind, task, rank. Found anywhere in a line: C++ code in a rank (a profiler, glog) writes
-# to the same pipe without Python's buffering, and a partial line of its own can come
-# first; the marker itself is one write, so nothing lands inside it.
-MARKER_LINE = re.compile(r"\x1fcourse_lib (\w+) (\d+) (\d+)$")
+from course_lib.runtime import procs
+from course_lib.runtime.command import command, environment
+from course_lib.runtime.failures import explain, failure, gave_up, interrupted, timeout_error
+from course_lib.runtime.output import Output
+from course_lib.runtime.results import read_results
+
 # Spare time after a deadline to collect stacks: bounded too.
 STACK_GRACE_S = 3.0
-# After torchrun exits, lines still in the pipe are read for at most this long
-# (a grandchild a rank left behind may hold the pipe open for ever).
-DRAIN_S = 0.5
-
-
-def marker(kind, task, rank):
-    """The line a rank writes (raw, unprefixed) to tell the notebook where it is."""
-    return f"\x1fcourse_lib {kind} {task} {rank}\n"
 
 
 class Job:
-    """``python -m torch.distributed.run ... -m course_lib.runtime.worker DIR`` on
-    ``nproc`` ranks of one node. ``spec`` is what the ranks read at start-up."""
+    """``torchrun ... -m course_lib.runtime.worker DIR`` on ``nproc`` ranks of one node.
 
-    def __init__(self, nproc, backend, spec, extra_env=None, max_restarts=0):
-        self.nproc, self.backend, self.id = nproc, backend, uuid.uuid4().hex
-        self.max_restarts = max_restarts
+    ``mode``: ``serve`` (warm ranks that run :meth:`call` after call), ``once`` (one
+    function, ``files={"task1.pkl": payload}``) or ``script`` (``files={"payload.json":
+    ...}``); ``files`` are written to the folder before any rank starts. ``idle_s``: how
+    long serving ranks wait for a call before they give up."""
+
+    def __init__(self, nproc, backend, mode, timeout, rules=False, max_restarts=0, files=None,
+                 idle_s=600.0):
+        self.nproc, self.backend, self.mode = nproc, backend, mode
+        self.rules, self.max_restarts, self.idle_s = bool(rules), max_restarts, idle_s
+        self.id, self.calls = uuid.uuid4().hex, 0
+        self.retired = False  # a call ended the default group: the ranks serve no more
+        self.ended = False
         procs.sweep_folders()  # what killed kernels left
         self.dir = Path(tempfile.mkdtemp(prefix="course-job-"))
-        (self.dir / "spec.json").write_text(json.dumps({**spec, "backend": backend,
-                                                         "nproc": nproc,
-                                                         "launcher_pid": os.getpid()}))
-        self.log = []  # torchrun's own lines (not a rank's): shown when something fails
-        self._lines = queue.Queue()
-        self.proc = subprocess.Popen(
-            self._command(spec), env=self._env(extra_env or {}, spec.get("nccl_rules", False)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            text=True, bufsize=1, errors="replace")
-        threading.Thread(target=self._read, name=f"course-job-{self.id[:8]}", daemon=True).start()
-
-    def _command(self, spec):
-        # --standalone: the rendezvous store binds port 0 and learns its port from
-        # the kernel, so two notebooks launching at the same moment never collide.
-        options = [f"--nproc-per-node={self.nproc}", f"--max-restarts={self.max_restarts}",
-                   "--monitor-interval=0.1"]
-        if spec["mode"] != "script" and self.backend == "gloo" and not spec.get("nccl_rules"):
-            # torchrun with the ranks forked from it (torch imported once): agent.py
-            return [sys.executable, str(AGENT), *options, str(self.dir)]
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", *options,
-                "-m", "course_lib.runtime.worker", str(self.dir)]
-
-    def _env(self, extra, rules=False):
-        env = dict(os.environ)
-        env.pop(nccl_rules.ENV, None)
-        if rules:  # course_lib.runtime.nccl_rules
-            env[nccl_rules.ENV] = "1"
-        env[procs.MARKER] = self.id
-        env["COURSE_BACKEND"] = self.backend
-        if self.backend == "gloo":
-            # gloo ranks compute on the CPU (backend.current_device). Hiding the GPUs keeps
-            # torch's own defaults from reaching for one the job does not own (an optimizer's
-            # graph-capture check, Lightning's "auto"): on a one-GPU laptop every rank would
-            # otherwise open a CUDA context of its own on the shared GPU.
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        env["PYTHONUNBUFFERED"] = "1"
-        # torchrun's and the ranks' temporary files live and die with the job folder
-        env["TMPDIR"] = str(self.dir)
-        # torchrun would set 1 and print a warning; share the cores instead.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc)))
-        # Ranks must import what the notebook imports: course_lib and the notebook's folder.
-        roots = [str(Path(__file__).resolve().parents[2]), os.getcwd()]
-        if env.get("PYTHONPATH"):
-            roots.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(roots)
-        if self.max_restarts:
-            # A restarted rank would otherwise meet the previous attempt's keys in the store
-            # torchrun's rendezvous shares with init_process_group, and dial a dead peer's
-            # port (gloo: "connectFullMesh failed ... Connection refused"; pytorch#135712):
-            # with sharing off, every attempt's rank 0 hosts a store of its own.
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        env.update(extra)
-        return env
-
-    def _read(self):
+        spec = {"mode": mode, "timeout": float(timeout), "nccl_rules": self.rules,
+                "backend": backend, "nproc": nproc, "launcher_pid": os.getpid()}
+        extra, self.store = {}, None
         try:
-            for line in self.proc.stdout:
-                self._lines.put(line)
-        except (OSError, ValueError):  # the pipe was closed under us by kill()
-            pass
-        self._lines.put(None)
+            if mode == "serve":
+                # port 0: the kernel picks a free port, no probe-then-bind race
+                self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
+                                           wait_for_workers=False, timeout=timedelta(seconds=30))
+                extra["COURSE_LIB_STORE_PORT"] = str(self.store.port)
+                spec.update(timeout=max(float(timeout), 3600.0), idle_s=idle_s)
+            for name, data in (files or {}).items():
+                (self.dir / name).write_bytes(data)
+            (self.dir / "spec.json").write_text(json.dumps(spec))
+            self.proc = subprocess.Popen(
+                command(nproc, backend, mode, self.rules, max_restarts, self.dir),
+                env=environment(nproc, backend, self.rules, max_restarts, self.id, self.dir,
+                                extra),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, text=True, bufsize=1, errors="replace")
+        except BaseException:
+            self.store = None
+            procs.remove_folder(self.dir)
+            raise
+        self.output = Output(self.proc, f"course-job-{self.id[:8]}")
+
+    @property
+    def log(self):
+        """torchrun's own lines so far (not the ranks'): shown when something fails."""
+        return self.output.log
 
     @property
     def port(self):
@@ -129,39 +103,128 @@ class Job:
             return None
 
     def alive(self):
-        return self.proc.poll() is None
+        return not self.ended and self.proc.poll() is None
 
-    def pump(self, deadline, on_marker=None):
-        """Print rank lines as they arrive, keep torchrun's in ``self.log``, hand
-        marker lines to ``on_marker(kind, task, rank)`` (which returns True when
-        the call is complete). Returns "done", "exited" or "timeout"."""
-        exited_at = None
-        while True:
-            now = time.perf_counter()
-            if exited_at is None and self.proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > DRAIN_S:
-                return "exited"
-            if now > deadline:
-                return "timeout"
-            try:
-                line = self._lines.get(timeout=0.02)
-            except queue.Empty:
-                continue
-            if line is None:  # end of output: the job has exited or is about to
-                self.proc.wait()
-                return "exited"
-            found = MARKER_LINE.search(line.rstrip("\n"))
-            if found:
-                if found.start():  # what another writer had begun on the same line
-                    self.log.append(line[:found.start()] + "\n")
-                kind, task, rank = found.group(1), int(found.group(2)), int(found.group(3))
-                if on_marker is not None and on_marker(kind, task, rank):
-                    return "done"
-            elif RANK_LINE.match(line):
-                print(line, end="", flush=True)
+    def reusable(self):
+        """Can serve another call: serving, alive, and no call ended its group."""
+        return self.mode == "serve" and not self.retired and self.alive()
+
+    # ---- call ----------------------------------------------------------------------------
+
+    def call(self, mode, payload, timeout, shipped, since=None):
+        """Run one call (``mode`` ``fn`` or ``cell``, ``payload`` pickled) on the serving
+        ranks and return their :class:`~course_lib.runtime.results.Results`; ``timeout``
+        counts from ``since`` (a perf_counter time; default now). A failure, a timeout or
+        an interrupt ends the job, then propagates. ``shipped()`` gives the
+        :class:`~course_lib.runtime.shipped.Shipped` code a hang report quotes."""
+        deadline = (time.perf_counter() if since is None else since) + timeout
+        done, number, error, port = set(), None, None, None
+        try:
+            number = self._send(mode, payload)
+
+            def on_marker(kind, task, rank):
+                if task == number:
+                    done.add(rank)
+                    if kind == "retire":  # the call ended the default group
+                        self.retired = True
+                return len(done) == self.nproc
+
+            outcome = self.output.pump(deadline, on_marker)
+            port = self.port
+            if outcome == "done":
+                results = read_results(lambda name: (self.dir / name).read_bytes(), self.nproc,
+                                       number)
+            elif outcome == "timeout":
+                error = self._timeout(timeout, shipped)
             else:
-                self.log.append(line)
+                error = self._records_error(number) or failure(
+                    [], self.log, f"torchrun exited with status {self.proc.returncode} before "
+                    "every rank returned (did the call end its process, e.g. sys.exit()?)")
+        except KeyboardInterrupt as exc:  # the student stopped it: say where each rank was
+            self._interrupted(shipped, exc)
+            raise
+        except BaseException as exc:  # a bug of ours: nothing is reused
+            self._end_after(exc)
+            raise
+        if error is not None:  # a failed rank may have left the others inside a collective
+            self._end_after(error)
+            error.port = port
+            raise error
+        results.port, results.backend = port, self.backend
+        return results
+
+    def _send(self, mode, payload):
+        """Hand call number ``self.calls`` to the ranks through the store."""
+        self.calls += 1
+        (self.dir / f"task{self.calls}.pkl").write_bytes(payload)
+        task = {"id": self.calls, "mode": mode, "cwd": os.getcwd()}
+        self.store.set(f"task/{self.calls}", json.dumps(task))
+        return self.calls
+
+    def wait(self, timeout, shipped=None, since=None):
+        """Wait for a job that runs to its end (a script, a restartable call) and end it.
+        Returns ``{"result{r}-1.pkl": bytes, ..., "restarts": n, "port": p}``, read before
+        the folder goes; raises what failed."""
+        deadline = (time.perf_counter() if since is None else since) + timeout
+        saved, error, port = {}, None, None
+        try:
+            outcome = self.output.pump(deadline)
+            port = self.port
+            if outcome == "timeout":
+                error = self._timeout(timeout, shipped)
+            elif self.proc.returncode:
+                error = self._records_error(1) or failure(
+                    [], self.log, gave_up(self.proc.returncode, self.max_restarts))
+                if self.max_restarts:
+                    error.add_note(f"(torchrun restarted the ranks {self.max_restarts} times, "
+                                   "max_restarts; this is how the last attempt failed)")
+            if error is None:
+                saved = {p.name: p.read_bytes() for p in self.dir.glob("result*-1.pkl")}
+                restarts = self.dir / "restarts"
+                saved["restarts"] = int(restarts.read_text()) if restarts.exists() else 0
+                saved["port"] = port
+        except KeyboardInterrupt as exc:
+            self._interrupted(shipped, exc)
+            raise
+        except BaseException as exc:
+            self._end_after(exc)
+            raise
+        self._end_after(error)
+        if error is not None:
+            error.port = port
+            raise error
+        return saved
+
+    # ---- fail ----------------------------------------------------------------------------
+
+    def _records_error(self, call):
+        """The :class:`LaunchError` the ranks' records and marks tell for call ``call`` (1
+        for a job that runs once), or None if no rank left one."""
+        errors = []
+        for rank in range(self.nproc):
+            try:
+                errors.append(json.loads((self.dir / f"error{rank}.json").read_text()))
+            except (FileNotFoundError, ValueError):  # none, or cut short: its rank was ended
+                continue  # while writing (the rank that failed first names the cause)
+        # a job that restarts fails in its last attempt: an earlier attempt's record is history
+        errors = [e for e in errors if e.get("attempt", 0) == self.max_restarts]
+        recorded = {e["rank"] for e in errors}
+        silent = [r for r in range(self.nproc)
+                  if r not in recorded and self._ended_silently(r, call)]
+        return explain(errors, silent, self.log)
+
+    def _ended_silently(self, rank, call):
+        """The rank left no record, no result of this call, and was not ended by torchrun
+        (its SIGTERM mark, worker._mark_when_ended, is empty): it was killed or crashed."""
+        try:
+            return ((self.dir / f"ended{rank}.txt").stat().st_size == 0
+                    and not (self.dir / f"result{rank}-{call}.pkl").exists())
+        except FileNotFoundError:  # it never started (this attempt)
+            return False
+
+    def _timeout(self, timeout, shipped):
+        return timeout_error(timeout, self.nproc, self.stacks(), self.log,
+                             shipped() if shipped else None)
 
     def stacks(self):
         """Every live rank's Python stack, asked for with SIGUSR1 (faulthandler)."""
@@ -187,10 +250,42 @@ class Job:
                 sizes[rank] = size
         return stacks
 
-    def kill(self):
-        """End torchrun, every rank and anything they started; remove the folder.
-        Raises RuntimeError if a process survived SIGKILL."""
+    def _interrupted(self, shipped, interrupt):
+        """After an interrupt: print where each live rank was, then end the job. The
+        interrupt is what propagates; a failure here becomes its note."""
+        try:
+            print(interrupted(self.stacks(), self.nproc, shipped() if shipped else None),
+                  file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - the interrupt still wins
+            interrupt.add_note(f"(while reading the ranks' stacks, another error: {exc!r})")
+        finally:
+            self._end_after(interrupt)
+
+    # ---- end -----------------------------------------------------------------------------
+
+    def end(self):
+        """End torchrun, every rank and anything they started; remove the folder. Raises
+        RuntimeError if a process survived SIGKILL. A second call does nothing."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.store is not None:  # idle serving ranks leave on their own
+            try:
+                self.store.set(f"task/{self.calls + 1}", json.dumps({"stop": True}))
+            except Exception:  # noqa: BLE001 - the job is being ended anyway
+                pass
         try:
             procs.kill_job(self.proc, self.id)
         finally:
             procs.remove_folder(self.dir)
+            self.store = None  # the last reference: closes the server socket
+
+    def _end_after(self, error):
+        """:meth:`end`; if it fails too, ``error`` (a rank's failure, a timeout, an
+        interrupt) still wins: the clean-up's failure becomes its note."""
+        try:
+            self.end()
+        except Exception as exc:  # noqa: BLE001
+            if error is None:
+                raise
+            error.add_note(f"(while cleaning up after this, another error: {exc!r})")

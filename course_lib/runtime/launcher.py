@@ -24,36 +24,18 @@ waited for before the call returns; the next call starts a fresh job.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-import cloudpickle
-
 from course_lib.runtime import nccl_rules, pickling, warm
 from course_lib.runtime.backend import resolve_backend
-from course_lib.runtime.failures import (LaunchError, LaunchTimeout, errors_of, failure, gave_up,
-                                        timeout_error)
-from course_lib.runtime.hangs import diagnose_hang
+from course_lib.runtime.failures import LaunchError, LaunchTimeout
 from course_lib.runtime.job import Job
+from course_lib.runtime.results import Results, read_results
 from course_lib.runtime.shipped import Shipped
 
 __all__ = ["run", "run_script", "run_cell", "shutdown", "Results", "LaunchError",
            "LaunchTimeout"]
-
-
-class Results(list):
-    """Per-rank return values (``results[r]`` came from rank r), plus the job's
-    merged :class:`~course_lib.trace.Trace` as ``.trace``, its ``.backend``, its
-    rendezvous ``.port``, ``.wall_time`` in seconds (launch to exit, as the
-    notebook saw it) and ``.restarts``, how many times torchrun restarted the ranks
-    before they returned (0 unless the call gave ``max_restarts``)."""
-
-    restarts = 0
-    trace = None
-    port = None
-    backend = None
-    wall_time = None
 
 
 def run(fn, *args, nproc=2, backend="auto", timeout=120.0, fresh=False, nccl_rules=None,
@@ -113,11 +95,10 @@ def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0, max_r
         raise FileNotFoundError(f"no such script: {path}")
     backend = resolve_backend(backend, nproc)
     started = time.perf_counter()
-    job = Job(nproc, backend, {"mode": "script", "timeout": timeout,
-                               "nccl_rules": nccl_rules.requested()}, max_restarts=max_restarts)
-    (job.dir / "payload.json").write_text(
-        json.dumps({"path": str(path), "argv": [str(a) for a in script_args]}))
-    saved = _finish(job, started, timeout)
+    script = json.dumps({"path": str(path), "argv": [str(a) for a in script_args]})
+    job = Job(nproc, backend, "script", timeout, nccl_rules.requested(), max_restarts,
+              files={"payload.json": script.encode()})
+    saved = job.wait(timeout, since=started)
     results = Results([None] * nproc)
     results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
     results.wall_time = time.perf_counter() - started
@@ -129,53 +110,31 @@ def _run_restartable(payload, nproc, backend, timeout, max_restarts, rules, ship
     backend = resolve_backend(backend, nproc)
     rules = nccl_rules.requested() if rules is None else bool(rules)
     started = time.perf_counter()
-    job = Job(nproc, backend, {"mode": "once", "timeout": timeout, "nccl_rules": rules},
-              max_restarts=max_restarts)
-    (job.dir / "task1.pkl").write_bytes(payload)
-    saved = _finish(job, started, timeout, shipped)
+    job = Job(nproc, backend, "once", timeout, rules, max_restarts, files={"task1.pkl": payload})
+    saved = job.wait(timeout, shipped, since=started)
     missing = [r for r in range(nproc) if f"result{r}-1.pkl" not in saved]
     if missing:
         raise LaunchError(f"ranks {missing} ended without returning from the function (did it "
                           f"end its process, e.g. sys.exit()?)", ranks=missing)
-    results = _results(lambda name: saved[name], nproc, 1)
+    results = read_results(lambda name: saved[name], nproc, 1)
     results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
     results.wall_time = time.perf_counter() - started
     return results
 
 
-def _finish(job, started, timeout, shipped=None):
-    """Wait for a job that runs to its end (a script, a restartable call), raise what
-    failed; the job is ended and its folder removed either way, results read first."""
-    nproc, saved = job.nproc, {}
+def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
+    """One call on the warm job for (nproc, backend, rules): the pool hands it out, the job
+    runs the call (and ends itself if the call fails), the pool takes it back."""
+    backend = resolve_backend(backend, nproc)
+    rules = nccl_rules.requested() if rules is None else bool(rules)
+    started = time.perf_counter()
+    job = warm.acquire(nproc, backend, timeout, fresh=fresh, rules=rules)
     try:
-        outcome = job.pump(started + timeout)
-        port = job.port
-        if outcome == "timeout":
-            error = timeout_error(timeout, nproc, job.stacks(), job.log,
-                                   shipped() if shipped else None)
-        else:
-            error = errors_of(job, nproc) if job.proc.returncode else None
-            if error is None and job.proc.returncode:
-                error = failure([], job.log, gave_up(job))
-            if error is not None and job.max_restarts:
-                error.add_note(f"(torchrun restarted the ranks {job.max_restarts} times, "
-                               "max_restarts; this is how the last attempt failed)")
-        if error is None:  # read before the folder goes with the job
-            saved = {p.name: p.read_bytes() for p in job.dir.glob("result*-1.pkl")}
-            restarts = job.dir / "restarts"
-            saved["restarts"] = int(restarts.read_text()) if restarts.exists() else 0
-            saved["port"] = port
-    except KeyboardInterrupt as exc:  # the student stopped it: say where each rank was
-        _interrupted(job, shipped, job.kill, exc)
-        raise
-    except BaseException as exc:  # a bug of ours
-        _end(job.kill, exc)
-        raise
-    _end(job.kill, error)
-    if error is not None:
-        error.port = port
-        raise error
-    return saved
+        results = job.call(mode, payload, timeout, shipped, since=started)
+    finally:
+        warm.release(job)
+    results.wall_time = time.perf_counter() - started
+    return results
 
 
 def shutdown():
@@ -189,90 +148,3 @@ def _check(nproc, timeout):
         raise ValueError(f"nproc must be a positive integer, got {nproc!r}")
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-
-
-def _call(mode, payload, nproc, backend, timeout, fresh, shipped, rules=None):
-    backend = resolve_backend(backend, nproc)
-    rules = nccl_rules.requested() if rules is None else bool(rules)
-    started = time.perf_counter()
-    serving = warm.acquire(nproc, backend, timeout, fresh=fresh, rules=rules)
-    job = serving.job
-    done, error = set(), None
-    try:
-        number = serving.send(mode, payload)
-
-        def on_marker(kind, task, rank):
-            if task == number:
-                done.add(rank)
-                if kind == "retire":  # the call ended the default group: no more calls
-                    serving.retired = True
-            return len(done) == nproc
-
-        outcome = job.pump(started + timeout, on_marker)
-        port = job.port
-        if outcome == "done":
-            results = _results(lambda name: (job.dir / name).read_bytes(), nproc, number)
-        elif outcome == "timeout":
-            error = timeout_error(timeout, nproc, job.stacks(), job.log, shipped())
-        else:
-            error = errors_of(job, nproc, number) or failure(
-                [], job.log, f"torchrun exited with status {job.proc.returncode} before "
-                "every rank returned (did the call end its process, e.g. sys.exit()?)")
-    except KeyboardInterrupt as exc:  # the student stopped it: say where each rank was
-        _interrupted(job, shipped, lambda: warm.discard(serving), exc)
-        raise
-    except BaseException as exc:  # a bug of ours: nothing is reused
-        _end(lambda: warm.discard(serving), exc)
-        raise
-    if error is None:
-        warm.release(serving)
-    else:  # a failed rank may have left the others inside a collective: end them all
-        _end(lambda: warm.discard(serving), error)
-    if error is not None:
-        error.port = port
-        raise error
-    results.port, results.backend = port, backend
-    results.wall_time = time.perf_counter() - started
-    return results
-
-
-def _interrupted(job, shipped, kill, interrupt):
-    """After an interrupt (the kernel's stop button, Ctrl-C): print where each live rank
-    was, as a timeout would (a job that never ends is the usual reason to stop it), then
-    end the job. The interrupt is what propagates; a failure here becomes its note."""
-    try:
-        diagnosis = diagnose_hang(job.stacks(), job.nproc, shipped() if shipped else Shipped())
-        print(f"Interrupted: the job was stopped.\n{diagnosis.explain()}", file=sys.stderr)
-    except Exception as exc:  # noqa: BLE001 - the interrupt still wins
-        interrupt.add_note(f"(while reading the ranks' stacks, another error: {exc!r})")
-    finally:
-        _end(kill, interrupt)
-
-
-def _end(kill, error):
-    """Run the clean-up ``kill``; if it fails too, the original error (a rank's
-    failure, a timeout, an interrupt) still wins: the clean-up's failure is
-    attached to it as a note."""
-    try:
-        kill()
-    except Exception as exc:  # noqa: BLE001
-        if error is None:
-            raise
-        error.add_note(f"(while cleaning up after this, another error: {exc!r})")
-
-
-def _results(read, nproc, number):
-    """The ranks' values of call ``number``; ``read(file name)`` gives a file's bytes."""
-    results, exports = Results(), []
-    for rank in range(nproc):
-        value, trace_export = cloudpickle.loads(read(f"result{rank}-{number}.pkl"))
-        results.append(value)
-        if trace_export is not None:
-            exports.append(trace_export)
-    if exports:
-        from course_lib.trace import Trace
-
-        results.trace = Trace.from_exports(exports)
-    return results
-
-

@@ -25,13 +25,9 @@ a second. It is a real torchrun job throughout.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
 import time
-from datetime import timedelta
-
-import torch.distributed as dist
 
 from course_lib.runtime.job import Job
 
@@ -46,46 +42,10 @@ def idle_limit_s():
     return float(os.environ.get("COURSE_LIB_WARM_IDLE_S", DEFAULT_IDLE_S))
 
 
-class ServingJob:
-    """A :class:`Job` whose ranks serve calls, with the key-value store the
-    notebook hands the calls out through."""
-
-    def __init__(self, nproc, backend, timeout, rules=False):
-        self.nproc, self.backend, self.idle_s = nproc, backend, idle_limit_s()
-        self.key = (nproc, backend, rules)
-        # port 0: the kernel picks a free port, no probe-then-bind race
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=30))
-        spec = {"mode": "serve", "timeout": max(float(timeout), 3600.0), "idle_s": self.idle_s,
-                "nccl_rules": rules}
-        self.job = Job(nproc, backend, spec, {"COURSE_LIB_STORE_PORT": str(self.store.port)})
-        self.calls = 0
-        self.last_used = time.monotonic()
-        self.retired = False  # a call ended the default group: the ranks serve no more
-
-    @property
-    def dir(self):
-        return self.job.dir
-
-    def send(self, mode, payload):
-        """Hand call number ``self.calls`` to the ranks; returns its number."""
-        self.calls += 1
-        (self.job.dir / f"task{self.calls}.pkl").write_bytes(payload)
-        task = {"id": self.calls, "mode": mode, "cwd": os.getcwd()}
-        self.store.set(f"task/{self.calls}", json.dumps(task))
-        return self.calls
-
-    def stop(self):
-        """Ask idle ranks to leave (they are then killed with the rest of the job)."""
-        try:
-            self.store.set(f"task/{self.calls + 1}", json.dumps({"stop": True}))
-        except Exception:  # noqa: BLE001 - the job is being ended anyway
-            pass
-
-
 _lock = threading.RLock()
-_jobs: dict = {}  # (nproc, backend, NCCL rules) -> ServingJob, least recently used first
-_timers: dict = {}
+_jobs: dict = {}  # (nproc, backend, NCCL rules) -> serving Job, least recently used first
+_last_used: dict = {}  # Job.id -> time.monotonic() of its last call
+_timers: dict = {}  # Job.id -> the idle timer armed when its last call returned
 
 
 def max_jobs():
@@ -97,63 +57,67 @@ def max_jobs():
 
 
 def acquire(nproc, backend, timeout, fresh=False, rules=False):
-    """The warm job for (nproc, backend, NCCL's rules or not), started if there is none
-    or it cannot serve; the caller owns it until :func:`release` or :func:`discard`."""
-    key = (nproc, backend, rules)
+    """The serving :class:`Job` for (nproc, backend, NCCL's rules or not), started if there
+    is none or it cannot serve; the caller owns it until it hands it to :func:`release`."""
+    key = (nproc, backend, bool(rules))
     with _lock:
         job = _jobs.pop(key, None)
         _cancel_timer(job)
         # warm ranks turned off since the job was kept: it is not handed out again
-        if job is not None and (fresh or not enabled() or not job.job.alive()
-                                or time.monotonic() - job.last_used > job.idle_s):
+        if job is not None and (fresh or not enabled() or not job.reusable()
+                                or time.monotonic() - _last_used[job.id] > job.idle_s):
             discard(job)
             job = None
         while len(_jobs) >= max_jobs():  # make room: end the least recently used
             discard(next(iter(_jobs.values())))
         if job is None:
-            job = ServingJob(nproc, backend, timeout, rules)
-        job.last_used = time.monotonic()  # in use: an idle timer firing now must not end it
+            job = Job(nproc, backend, "serve", timeout, rules, idle_s=idle_limit_s())
+        _last_used[job.id] = time.monotonic()  # in use: an idle timer firing must not end it
         _jobs[key] = job
         return job
 
 
 def release(job):
-    """A call finished cleanly: keep the job warm (or end it when warm ranks are off, or
-    when the call ended the default group and the ranks serve no more)."""
+    """A call returned or failed: keep the job warm if it can serve again, else forget it
+    (and end it, if its failure had not ended it already)."""
     with _lock:
-        job.last_used = time.monotonic()
-        if not enabled() or job.retired:
+        _last_used[job.id] = time.monotonic()
+        if not enabled() or not job.reusable():
             discard(job)
-        elif _jobs.get(job.key) is job:
+        elif _jobs.get(_key(job)) is job:
             _arm_timer(job)
 
 
+def _key(job):
+    return (job.nproc, job.backend, job.rules)
+
+
 def discard(job):
-    """End ``job`` and everything it started. Raises RuntimeError if a process survived."""
+    """Forget ``job`` and end it. Raises RuntimeError if a process survived."""
     with _lock:
-        if _jobs.get(job.key) is job:
-            del _jobs[job.key]
+        if _jobs.get(_key(job)) is job:
+            del _jobs[_key(job)]
         _cancel_timer(job)
-    job.stop()
-    try:
-        job.job.kill()
-    finally:
-        job.__dict__.pop("store", None)  # the last reference: closes the server socket
+        _last_used.pop(job.id, None)
+    job.end()
+
+
+def jobs():
+    """This kernel's warm jobs."""
+    with _lock:
+        return list(_jobs.values())
 
 
 def current_job_ids():
     """The environment markers of this kernel's warm jobs."""
-    with _lock:
-        return {job.job.id for job in _jobs.values()}
+    return {job.id for job in jobs()}
 
 
 def shutdown():
     """End this kernel's warm jobs (``course_lib.shutdown()``). Raises RuntimeError,
     after trying them all, if a process survived."""
-    with _lock:
-        jobs = list(_jobs.values())
     problems = []
-    for job in jobs:
+    for job in jobs():
         try:
             discard(job)
         except RuntimeError as exc:
@@ -163,21 +127,21 @@ def shutdown():
 
 
 def _arm_timer(job):
-    timer = _timers[id(job)] = threading.Timer(job.idle_s, _expire, args=(job,))
+    timer = _timers[job.id] = threading.Timer(job.idle_s, _expire, args=(job,))
     timer.daemon = True
     timer.start()
 
 
 def _cancel_timer(job):
-    timer = _timers.pop(id(job), None) if job is not None else None
+    timer = _timers.pop(job.id, None) if job is not None else None
     if timer is not None:
         timer.cancel()
 
 
 def _expire(job):
     with _lock:
-        if (_jobs.get(job.key) is job
-                and time.monotonic() - job.last_used >= job.idle_s - 1):
+        if (_jobs.get(_key(job)) is job
+                and time.monotonic() - _last_used[job.id] >= job.idle_s - 1):
             discard(job)
 
 

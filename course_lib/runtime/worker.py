@@ -30,7 +30,6 @@ of one attempt or the restarts run out; each record says which attempt wrote it.
 from __future__ import annotations
 
 import faulthandler
-import io
 import json
 import os
 import runpy
@@ -42,109 +41,9 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from course_lib.runtime.job import marker
-
-
-class _RankPrefixed(io.TextIOBase):
-    """A text stream that writes whole lines, each prefixed, in one write call
-    (writes up to PIPE_BUF are atomic, so ranks' lines do not interleave)."""
-
-    def __init__(self, stream, prefix):
-        self._stream, self._prefix, self._partial = stream, prefix, ""
-        self._lock = threading.Lock()
-
-    def writable(self):
-        return True
-
-    def write(self, text):
-        with self._lock:
-            *lines, self._partial = (self._partial + text).split("\n")
-            if lines:
-                self._stream.write("".join(f"{self._prefix}{ln}\n" for ln in lines))
-                self._stream.flush()
-        return len(text)
-
-    def flush(self):
-        with self._lock:
-            if self._partial:
-                self._stream.write(f"{self._prefix}{self._partial}\n")
-                self._partial = ""
-            self._stream.flush()
-
-
-def _watch_launcher(pid, job, rank, forked):
-    """End this rank if the notebook kernel that launched it has gone. Its folder
-    goes too: removed by the agent once every rank has ended (forked ranks), or
-    else by rank 0 (torchrun keeps nothing there once its ranks are gone)."""
-    while True:
-        time.sleep(0.5)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            if not forked:
-                _remove_orphaned_folder(job, rank)
-            os._exit(3)
-        except PermissionError:
-            pass
-
-
-def _remove_orphaned_folder(job, rank):
-    """Rank 0 of a torchrun job whose kernel has gone removes the job's folder, once the
-    other ranks have ended (torchrun died with the kernel, and its store with it: the
-    ranks' next read fails, often before their watcher notices)."""
-    from course_lib.runtime import procs
-
-    if rank != 0 or procs.launcher_alive(job):
-        return
-    import psutil
-
-    others = []
-    for path in job.glob("pid*"):
-        try:
-            if int(path.read_text()) != os.getpid():
-                others.append(psutil.Process(int(path.read_text())))
-        except (OSError, ValueError, psutil.Error):
-            continue
-    procs.wait_dead(others, 10)
-    procs.remove_folder(job)
-
-
-def map_tensors(fn, value):
-    """``value`` with ``fn`` applied to every tensor inside it, whatever the
-    nesting: lists, tuples, dicts, OrderedDicts and namedtuples (through
-    ``torch.utils._pytree``) and dataclasses (field by field)."""
-    import dataclasses
-
-    import torch
-    from torch.utils import _pytree as pytree
-
-    def leaf(x):
-        if isinstance(x, torch.Tensor):
-            return fn(x)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            changes = {f.name: map_tensors(fn, getattr(x, f.name))
-                       for f in dataclasses.fields(x) if f.init}
-            return dataclasses.replace(x, **changes)
-        return x
-
-    return pytree.tree_map(leaf, value)
-
-
-def to_cpu(value):
-    """Everything a rank returns travels to the notebook on CPU, detached."""
-    return map_tensors(_to_cpu_tensor, value)
-
-
-def _to_cpu_tensor(t):
-    import torch
-
-    moved = t.detach()
-    moved = moved.cpu() if isinstance(moved, torch.Tensor) else moved
-    if not isinstance(moved, torch.Tensor):  # a subclass's __torch_function__ answered
-        kind = f"{type(t).__module__}.{type(t).__qualname__}"
-        raise TypeError(f"the function returned a {kind}, a subclass of torch.Tensor whose "
-                        f"detach().cpu() gave a {type(moved).__name__}: return a plain tensor")
-    return moved
+from course_lib.runtime.output import marker
+from course_lib.runtime.rank_io import (RankPrefixed, remove_orphaned_folder, to_cpu,
+                                        watch_launcher, write_whole)
 
 
 def _user_traceback(exc):
@@ -204,14 +103,6 @@ def attempt():
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def _write_whole(path, data):
-    """``data`` to ``path`` under a temporary name, then renamed: a rank ended halfway
-    (torchrun ends the others as soon as one fails) never leaves half a file."""
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_bytes(data)
-    os.replace(partial, path)
-
-
 def _run_once(job, spec, rank):
     """One function, one attempt: join the group, run it, write the result, leave."""
     import cloudpickle
@@ -229,7 +120,7 @@ def _run_once(job, spec, rank):
     except SystemExit as exc:  # a quiet exit would leave its peers waiting in the barrier
         raise RuntimeError(f"the function ended its process with sys.exit({exc.code!r}) "
                            f"instead of returning") from None
-    _write_whole(job / f"result{rank}-1.pkl", cloudpickle.dumps((value, exported)))
+    write_whole(job / f"result{rank}-1.pkl", cloudpickle.dumps((value, exported)))
     if dist.is_initialized():  # (the function may have ended the group itself)
         # rank 0 hosts this attempt's store (job.py): nobody leaves while a peer may
         # still need it
@@ -304,18 +195,18 @@ def main(job_dir=None):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     spec = json.loads((job / "spec.json").read_text())
     rank = int(os.environ["RANK"])
-    sys.stdout = _RankPrefixed(sys.__stdout__, f"[rank{rank}] ")
-    sys.stderr = _RankPrefixed(sys.__stderr__, f"[rank{rank}] ")
+    sys.stdout = RankPrefixed(sys.__stdout__, f"[rank{rank}] ")
+    sys.stderr = RankPrefixed(sys.__stderr__, f"[rank{rank}] ")
     # append mode: the notebook truncates the file before asking for a fresh dump
     stack_file = open(job / f"stack{rank}.txt", "a")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _mark_when_ended(job, rank)
     (job / f"pid{rank}").write_text(str(os.getpid()))
-    threading.Thread(target=_watch_launcher, args=(spec["launcher_pid"], job, rank, forked),
+    threading.Thread(target=watch_launcher, args=(spec["launcher_pid"], job, rank, forked),
                      daemon=True).start()
     if rank == 0:  # the port torchrun's rendezvous store bound (it chose it: port 0)
         (job / "port").write_text(os.environ.get("MASTER_PORT", ""))
-        _write_whole(job / "restarts", str(attempt()).encode())
+        write_whole(job / "restarts", str(attempt()).encode())
     code = 0
     try:
         if spec.get("nccl_rules"):
@@ -335,7 +226,7 @@ def main(job_dir=None):
         code = _report(job, rank, exc)
     finally:  # (reporting to a kernel that has died raises BrokenPipeError)
         if not forked:
-            _remove_orphaned_folder(job, rank)
+            remove_orphaned_folder(job, rank)
     try:  # an exit of its own: not a silent death (failures._ended_silently)
         with open(job / f"ended{rank}.txt", "a") as mark:
             mark.write(f"exited with status {code}\n")
@@ -356,7 +247,7 @@ def _report(job, rank, exc):
     failed_at = time.time()
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
               "traceback": _user_traceback(exc), "time": failed_at, "attempt": attempt()}
-    _write_whole(job / f"error{rank}.json", json.dumps(record).encode())
+    write_whole(job / f"error{rank}.json", json.dumps(record).encode())
     # The full traceback travels in the LaunchError; one line here keeps the
     # cell readable when the other ranks fail as a consequence.
     print(f"failed with {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from conftest import ship_by_value, stray_processes
 from course_lib import LaunchError, run, run_script, shutdown
 from course_lib.runtime import procs
-from course_lib.runtime.worker import map_tensors
+from course_lib.runtime.rank_io import map_tensors
 
 ship_by_value(__name__)
 
@@ -123,7 +123,7 @@ class Agreeable(torch.Tensor):
 
 
 def test_a_tensor_subclass_that_answers_for_torch_is_refused_by_name():
-    from course_lib.runtime.worker import to_cpu
+    from course_lib.runtime.rank_io import to_cpu
 
     assert to_cpu({"w": torch.nn.Parameter(torch.ones(2))})["w"].tolist() == [1.0, 1.0]
     with pytest.raises(TypeError, match="Agreeable, a subclass of torch.Tensor"):
