@@ -124,10 +124,10 @@ def nothing_left_at_the_end():
     # to the job's rank 0, or, when the rank ended first, to the next launch's sweep: run it
     # here as that launch would, again while the killed kernel's ranks are still ending
     # (a sweep skips a folder a live rank works in). What it cannot remove is a leak.
-    from course_lib.runtime import procs
+    from course_lib.runtime import folders as job_folders
 
     def unswept():
-        procs.sweep_folders()
+        job_folders.sweep_folders()
         return stray_folders()
 
     folders = settled(unswept, 20)

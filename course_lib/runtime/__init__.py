@@ -11,7 +11,8 @@ The notebook's side, top down (each module imports only those below it):
 - :mod:`~course_lib.runtime.failures`: how a job failed, explained from what its ranks left
 - :mod:`~course_lib.runtime.hangs`, :mod:`~course_lib.runtime.stacks`,
   :mod:`~course_lib.runtime.dumps`: a hung job, its ranks' states, their stack dumps
-- :mod:`~course_lib.runtime.procs`: finding and ending every process of a job
+- :mod:`~course_lib.runtime.procs`: finding and ending every process of a job;
+  :mod:`~course_lib.runtime.folders`: its folder, removed with it or swept after a dead kernel
 
 The ranks' side: :mod:`~course_lib.runtime.worker` (what torchrun starts on each rank),
 :mod:`~course_lib.runtime.rank_io` (its output, return values and watch on the kernel),

@@ -43,7 +43,7 @@ def main(argv=None):
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    from course_lib.runtime import procs, worker  # noqa: F401 - the ranks' code, imported once
+    from course_lib.runtime import folders, procs, worker  # noqa: F401 - the ranks' code, once
 
     # The ranks are forked by a fork server, itself forked from this process now: torch
     # and the worker are imported, and no thread of the agent's runs yet. Not from the
@@ -63,8 +63,8 @@ def main(argv=None):
     finally:
         # every rank has ended here; the notebook that started the job removes its folder,
         # unless it is gone (a killed kernel): then the last process of the job does
-        if not procs.launcher_alive(Path(job_dir)):
-            procs.remove_folder(job_dir)
+        if not folders.launcher_alive(Path(job_dir)):
+            folders.remove_folder(job_dir)
 
 
 def _fork_server_from_here():

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from course_lib.runtime import procs
+from course_lib.runtime import folders, procs
 from course_lib.runtime.command import command, environment
 from course_lib.runtime.failures import explain, failure, gave_up, interrupted, timeout_error
 from course_lib.runtime.output import Output
@@ -62,7 +62,7 @@ class Job:
         self.id, self.calls = uuid.uuid4().hex, 0
         self.retired = False  # a call ended the default group: the ranks serve no more
         self.ended = False
-        procs.sweep_folders()  # what killed kernels left
+        folders.sweep_folders()  # what killed kernels left
         self.dir = Path(tempfile.mkdtemp(prefix="course-job-"))
         spec = {"mode": mode, "timeout": float(timeout), "nccl_rules": self.rules,
                 "backend": backend, "nproc": nproc, "launcher_pid": os.getpid()}
@@ -85,7 +85,7 @@ class Job:
                 start_new_session=True, text=True, bufsize=1, errors="replace")
         except BaseException:
             self.store = None
-            procs.remove_folder(self.dir)
+            folders.remove_folder(self.dir)
             raise
         self.output = Output(self.proc, f"course-job-{self.id[:8]}")
 
@@ -277,7 +277,7 @@ class Job:
         try:
             procs.kill_job(self.proc, self.id)
         finally:
-            procs.remove_folder(self.dir)
+            folders.remove_folder(self.dir)
             self.store = None  # the last reference: closes the server socket
 
     def _end_after(self, error):

@@ -60,9 +60,9 @@ def remove_orphaned_folder(job, rank):
     """Rank 0 of a torchrun job whose kernel has gone removes the job's folder, once the
     other ranks have ended (torchrun died with the kernel, and its store with it: the
     ranks' next read fails, often before their watcher notices)."""
-    from course_lib.runtime import procs
+    from course_lib.runtime import folders, procs
 
-    if rank != 0 or procs.launcher_alive(job):
+    if rank != 0 or folders.launcher_alive(job):
         return
     import psutil
 
@@ -74,7 +74,7 @@ def remove_orphaned_folder(job, rank):
         except (OSError, ValueError, psutil.Error):
             continue
     procs.wait_dead(others, 10)
-    procs.remove_folder(job)
+    folders.remove_folder(job)
 
 
 def map_tensors(fn, value):

@@ -16,7 +16,7 @@ NOTEBOOK_SIDE = [
     {"command", "output", "results", "failures"},
     {"hangs"},
     {"stacks"},
-    {"dumps", "procs", "nccl_rules", "shipped", "pickling"},
+    {"dumps", "procs", "folders", "nccl_rules", "shipped", "pickling"},
     {"backend"},
 ]
 
@@ -71,6 +71,8 @@ def test_a_jobs_life_is_in_one_file_and_only_the_pool_and_the_launcher_start_job
         assert step in job, step
     starters = {p.stem for p in RUNTIME.glob("*.py") if "Job(" in p.read_text()} - {"job"}
     assert starters == {"warm", "launcher"}, starters
+    # and the process layer knows processes only: no folder, no job, no failure
+    assert graph()["procs"] == set() and "rmtree" not in (RUNTIME / "procs.py").read_text()
 
 
 def test_each_file_of_the_floor_stays_about_300_lines():
