@@ -1,6 +1,7 @@
 """How a job failed, explained from what its ranks left (Lab 00's launcher): the records of
-the ranks that raised, the ranks that died silently, torchrun's own summary. Pure: the
-job (:mod:`course_lib.runtime.job`) reads those from its folder and hands them here.
+the ranks that raised, the ranks that died silently, torchrun's own summary. No process
+or folder is touched here: the job (:mod:`course_lib.runtime.job`) reads those and hands
+them over.
 
 A rank that raises writes a record (its traceback). The ranks torchrun then ends with
 SIGTERM write a mark from the signal handler. A rank that left neither, nor a result,

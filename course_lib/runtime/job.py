@@ -1,26 +1,21 @@
 """A torchrun job's whole life, seen from the notebook: start, call, fail, end.
 
-A :class:`Job` is one ``torchrun`` child and a temporary folder (the payloads,
-results, error records, stack dumps and torchrun's own temporary files). Its life:
+A :class:`Job` is one ``torchrun`` child and a temporary folder (payloads, results,
+error records, stack dumps, torchrun's temporary files). **Start**: the folder and its
+``spec.json``, the command line (:mod:`~course_lib.runtime.command`), the child, a
+thread reading its output (:mod:`~course_lib.runtime.output`), and for a serving job
+the store its calls go through. **Call** (:meth:`Job.call`, many times on warm ranks)
+or **wait** (:meth:`Job.wait`, a script or a restartable call). **Fail**: read what the
+ranks left (records, SIGTERM marks, torchrun's summary, a hung job's stacks) and have
+it explained (:mod:`~course_lib.runtime.failures`); a failed, timed-out or interrupted
+job ends itself before the error propagates. **End** (:meth:`Job.end`): every process
+of the job, waited for, and the folder.
 
-- **start** (``Job(...)``): the folder, the ranks' settings (``spec.json``), the
-  command line and environment (:mod:`course_lib.runtime.command`), the child, and
-  a thread reading its output for its whole life (:mod:`course_lib.runtime.output`);
-  a serving job also hosts the key-value store its calls are handed out through;
-- **call** (:meth:`Job.call`, a serving job, many times) or **wait**
-  (:meth:`Job.wait`, a job that runs to its end: a script, a restartable call);
-- **fail**: read what the ranks left (records, SIGTERM marks, torchrun's summary,
-  stacks of a hung job) and have it explained (:mod:`course_lib.runtime.failures`);
-  a failed, timed-out or interrupted job ends itself before the error propagates;
-- **end** (:meth:`Job.end`): torchrun, every rank and whatever they started,
-  waited for; the folder removed.
-
-How a job can never outlive the notebook kernel, with no ``preexec_fn`` (not
-safe in a threaded kernel, and ``PR_SET_PDEATHSIG`` fires when the *thread*
-that started the child ends, which would kill a warm job started from a
-helper thread): every rank watches the kernel's pid and exits when it is
-gone, and torchrun exits when its ranks fail (at once with ``--max-restarts=0``,
-the default; after ``max_restarts`` fresh starts of every rank otherwise).
+A job never outlives the notebook kernel, with no ``preexec_fn`` (not safe in a
+threaded kernel, and ``PR_SET_PDEATHSIG`` fires when the *thread* that started the
+child ends, which would kill a warm job started from a helper thread): every rank
+watches the kernel's pid and exits when it is gone, and torchrun exits when its ranks
+fail (at once, or after ``max_restarts`` fresh starts of every rank).
 """
 from __future__ import annotations
 
@@ -30,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -39,21 +35,21 @@ import torch.distributed as dist
 
 from course_lib.runtime import folders, procs
 from course_lib.runtime.command import command, environment
-from course_lib.runtime.failures import explain, failure, gave_up, interrupted, timeout_error
+from course_lib.runtime.failures import (LaunchError, explain, failure, gave_up, interrupted,
+                                         timeout_error)
 from course_lib.runtime.output import Output
-from course_lib.runtime.results import read_results
+from course_lib.runtime.results import Results, read_results
 
 # Spare time after a deadline to collect stacks: bounded too.
 STACK_GRACE_S = 3.0
 
 
 class Job:
-    """``torchrun ... -m course_lib.runtime.worker DIR`` on ``nproc`` ranks of one node.
-
-    ``mode``: ``serve`` (warm ranks that run :meth:`call` after call), ``once`` (one
-    function, ``files={"task1.pkl": payload}``) or ``script`` (``files={"payload.json":
-    ...}``); ``files`` are written to the folder before any rank starts. ``idle_s``: how
-    long serving ranks wait for a call before they give up."""
+    """:mod:`course_lib.runtime.worker` on ``nproc`` ranks of one node, started by torchrun
+    (for gloo calls, by :mod:`~course_lib.runtime.agent`, which forks them). ``mode``:
+    ``serve`` (warm ranks, :meth:`call` after call), ``once`` (one function, ``files=
+    {"task1.pkl": payload}``) or ``script`` (``files={"payload.json": ...}``); ``files``
+    are written before any rank starts; serving ranks wait ``idle_s`` for a call."""
 
     def __init__(self, nproc, backend, mode, timeout, rules=False, max_restarts=0, files=None,
                  idle_s=600.0):
@@ -61,33 +57,35 @@ class Job:
         self.rules, self.max_restarts, self.idle_s = bool(rules), max_restarts, idle_s
         self.id, self.calls = uuid.uuid4().hex, 0
         self.retired = False  # a call ended the default group: the ranks serve no more
-        self.ended = False
+        self.ended, self._ending = False, threading.Lock()
+        self.store = self.proc = None
         folders.sweep_folders()  # what killed kernels left
         self.dir = Path(tempfile.mkdtemp(prefix="course-job-"))
         spec = {"mode": mode, "timeout": float(timeout), "nccl_rules": self.rules,
                 "backend": backend, "nproc": nproc, "launcher_pid": os.getpid()}
-        extra, self.store = {}, None
+        if mode == "serve":
+            spec.update(timeout=max(float(timeout), 3600.0), idle_s=idle_s)
+        # first: a folder with its spec says whose it is, should the kernel die right now
+        (self.dir / "spec.json").write_text(json.dumps(spec))
+        extra = {}
         try:
             if mode == "serve":
                 # port 0: the kernel picks a free port, no probe-then-bind race
                 self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
                                            wait_for_workers=False, timeout=timedelta(seconds=30))
                 extra["COURSE_LIB_STORE_PORT"] = str(self.store.port)
-                spec.update(timeout=max(float(timeout), 3600.0), idle_s=idle_s)
             for name, data in (files or {}).items():
                 (self.dir / name).write_bytes(data)
-            (self.dir / "spec.json").write_text(json.dumps(spec))
             self.proc = subprocess.Popen(
                 command(nproc, backend, mode, self.rules, max_restarts, self.dir),
                 env=environment(nproc, backend, self.rules, max_restarts, self.id, self.dir,
                                 extra),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, text=True, bufsize=1, errors="replace")
-        except BaseException:
-            self.store = None
-            folders.remove_folder(self.dir)
+            self.output = Output(self.proc, f"course-job-{self.id[:8]}")
+        except BaseException as exc:
+            self._end_after(exc)
             raise
-        self.output = Output(self.proc, f"course-job-{self.id[:8]}")
 
     @property
     def log(self):
@@ -162,11 +160,11 @@ class Job:
         return self.calls
 
     def wait(self, timeout, shipped=None, since=None):
-        """Wait for a job that runs to its end (a script, a restartable call) and end it.
-        Returns ``{"result{r}-1.pkl": bytes, ..., "restarts": n, "port": p}``, read before
-        the folder goes; raises what failed."""
+        """Wait for a job that runs to its end (a script, a restartable call), end it, and
+        return its :class:`~course_lib.runtime.results.Results` (``None`` per rank for a
+        script), with ``.restarts``; raise what failed."""
         deadline = (time.perf_counter() if since is None else since) + timeout
-        saved, error, port = {}, None, None
+        error, port = None, None
         try:
             outcome = self.output.pump(deadline)
             port = self.port
@@ -178,11 +176,8 @@ class Job:
                 if self.max_restarts:
                     error.add_note(f"(torchrun restarted the ranks {self.max_restarts} times, "
                                    "max_restarts; this is how the last attempt failed)")
-            if error is None:
-                saved = {p.name: p.read_bytes() for p in self.dir.glob("result*-1.pkl")}
-                restarts = self.dir / "restarts"
-                saved["restarts"] = int(restarts.read_text()) if restarts.exists() else 0
-                saved["port"] = port
+            else:  # read before the folder goes with the job
+                results, error = self._returned()
         except KeyboardInterrupt as exc:
             self._interrupted(shipped, exc)
             raise
@@ -193,7 +188,25 @@ class Job:
         if error is not None:
             error.port = port
             raise error
-        return saved
+        results.port, results.backend = port, self.backend
+        return results
+
+    def _returned(self):
+        """``(Results, None)`` of a job that ran to its end, or ``(None, LaunchError)`` when
+        a rank of a function's job ended without returning from it."""
+        if self.mode == "script":
+            results = Results([None] * self.nproc)
+        else:
+            missing = [r for r in range(self.nproc)
+                       if not (self.dir / f"result{r}-1.pkl").exists()]
+            if missing:
+                return None, LaunchError(
+                    f"ranks {missing} ended without returning from the function (did it end "
+                    f"its process, e.g. sys.exit()?)", ranks=missing)
+            results = read_results(lambda name: (self.dir / name).read_bytes(), self.nproc, 1)
+        restarts = self.dir / "restarts"
+        results.restarts = int(restarts.read_text()) if restarts.exists() else 0
+        return results, None
 
     # ---- fail ----------------------------------------------------------------------------
 
@@ -232,7 +245,7 @@ class Job:
             path = self.dir / f"stack{rank}.txt"
             if path.exists():
                 os.truncate(path, 0)  # ranks append: only this dump will be read
-        for pid in procs.rank_pids(self.dir, self.id):
+        for pid in procs.marked(self._rank_pids(), self.id):
             try:
                 os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
@@ -250,6 +263,16 @@ class Job:
                 sizes[rank] = size
         return stacks
 
+    def _rank_pids(self):
+        """The pids the ranks wrote at start (``pid<rank>``), dead ones included."""
+        pids = []
+        for path in sorted(self.dir.glob("pid*")):
+            try:
+                pids.append(int(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return pids
+
     def _interrupted(self, shipped, interrupt):
         """After an interrupt: print where each live rank was, then end the job. The
         interrupt is what propagates; a failure here becomes its note."""
@@ -265,20 +288,24 @@ class Job:
 
     def end(self):
         """End torchrun, every rank and anything they started; remove the folder. Raises
-        RuntimeError if a process survived SIGKILL. A second call does nothing."""
-        if self.ended:
-            return
-        self.ended = True
-        if self.store is not None:  # idle serving ranks leave on their own
+        RuntimeError if a process survived SIGKILL. Whoever ends the job second (the pool's
+        idle timer, ``shutdown()``, the call's own clean-up) waits for the first, then
+        returns: an end is tried once."""
+        with self._ending:
+            if self.ended:
+                return
+            self.ended = True
+            if self.store is not None:  # idle serving ranks leave on their own
+                try:
+                    self.store.set(f"task/{self.calls + 1}", json.dumps({"stop": True}))
+                except Exception:  # noqa: BLE001 - the job is being ended anyway
+                    pass
             try:
-                self.store.set(f"task/{self.calls + 1}", json.dumps({"stop": True}))
-            except Exception:  # noqa: BLE001 - the job is being ended anyway
-                pass
-        try:
-            procs.kill_job(self.proc, self.id)
-        finally:
-            folders.remove_folder(self.dir)
-            self.store = None  # the last reference: closes the server socket
+                if self.proc is not None:
+                    procs.kill_job(self.proc, self.id)
+            finally:
+                folders.remove_folder(self.dir)
+                self.store = None  # the last reference: closes the server socket
 
     def _end_after(self, error):
         """:meth:`end`; if it fails too, ``error`` (a rank's failure, a timeout, an

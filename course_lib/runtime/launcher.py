@@ -31,7 +31,7 @@ from course_lib.runtime import nccl_rules, pickling, warm
 from course_lib.runtime.backend import resolve_backend
 from course_lib.runtime.failures import LaunchError, LaunchTimeout
 from course_lib.runtime.job import Job
-from course_lib.runtime.results import Results, read_results
+from course_lib.runtime.results import Results
 from course_lib.runtime.shipped import Shipped
 
 __all__ = ["run", "run_script", "run_cell", "shutdown", "Results", "LaunchError",
@@ -98,9 +98,7 @@ def run_script(path, *script_args, nproc=2, backend="auto", timeout=600.0, max_r
     script = json.dumps({"path": str(path), "argv": [str(a) for a in script_args]})
     job = Job(nproc, backend, "script", timeout, nccl_rules.requested(), max_restarts,
               files={"payload.json": script.encode()})
-    saved = job.wait(timeout, since=started)
-    results = Results([None] * nproc)
-    results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
+    results = job.wait(timeout, since=started)
     results.wall_time = time.perf_counter() - started
     return results
 
@@ -111,13 +109,7 @@ def _run_restartable(payload, nproc, backend, timeout, max_restarts, rules, ship
     rules = nccl_rules.requested() if rules is None else bool(rules)
     started = time.perf_counter()
     job = Job(nproc, backend, "once", timeout, rules, max_restarts, files={"task1.pkl": payload})
-    saved = job.wait(timeout, shipped, since=started)
-    missing = [r for r in range(nproc) if f"result{r}-1.pkl" not in saved]
-    if missing:
-        raise LaunchError(f"ranks {missing} ended without returning from the function (did it "
-                          f"end its process, e.g. sys.exit()?)", ranks=missing)
-    results = read_results(lambda name: saved[name], nproc, 1)
-    results.port, results.backend, results.restarts = saved["port"], backend, saved["restarts"]
+    results = job.wait(timeout, shipped, since=started)
     results.wall_time = time.perf_counter() - started
     return results
 

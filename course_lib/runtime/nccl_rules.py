@@ -193,7 +193,7 @@ def _await_peers(store, keys):
 
 
 # The wait for the other ranks' calls, as a frame named after the collective: a hang
-# report reads "waits in all_reduce()" (course_lib.runtime.stacks knows this module).
+# report reads "waits in all_reduce()" (course_lib.runtime.dumps knows this module).
 _AWAIT = {name: types.FunctionType(_await_peers.__code__.replace(co_name=name),
                                    _await_peers.__globals__, name)
           for name in COLLECTIVES}

@@ -7,22 +7,11 @@ Only processes carrying our job's id are ever signalled.
 """
 from __future__ import annotations
 
-import ctypes
-import signal
 import time
 
 import psutil
 
 MARKER = "COURSE_LIB_JOB"
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent():
-    """preexec_fn: have the kernel kill torchrun if the notebook kernel dies (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 def job_processes(job_id, root_pid=None):
@@ -46,18 +35,17 @@ def job_processes(job_id, root_pid=None):
     return list(found.values())
 
 
-def rank_pids(job_dir, job_id):
-    """PIDs of the ranks still alive (each rank writes ``pid<rank>`` at start)."""
-    pids = []
-    for path in sorted(job_dir.glob("pid*")):
+def marked(pids, job_id):
+    """Those of ``pids`` that are alive and carry the job's marker (a pid that was reused
+    by another process is not the job's)."""
+    found = []
+    for pid in pids:
         try:
-            pid = int(path.read_text())
-            p = psutil.Process(pid)
-            if p.environ().get(MARKER) == job_id:
-                pids.append(pid)
-        except (ValueError, psutil.Error, OSError):
+            if psutil.Process(pid).environ().get(MARKER) == job_id:
+                found.append(pid)
+        except (psutil.Error, OSError):
             continue
-    return pids
+    return found
 
 
 def kill_job(proc, job_id, timeout=10.0):

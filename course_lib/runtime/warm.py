@@ -5,16 +5,17 @@ process group's rendezvous; NCCL communicators on a GPU node). The first
 ``run(fn, nproc=N, backend=B)`` of a kernel starts a job whose ranks, once
 their process group is up, wait for work; later calls with the same N and
 backend send the pickled function to those ranks and return in a fraction of
-a second. It is a real torchrun job throughout.
+a second. It is a real torchrun job throughout. The pool only keeps and hands out
+jobs (:class:`~course_lib.runtime.job.Job`); a job runs its calls, and ends itself when one
+fails.
 
 - Each call starts from the state a fresh job would have
   (:mod:`course_lib.runtime.isolation`).
 - Any failure, timeout or interrupt ends the job completely (a rank may be
   stuck inside a collective); the next call starts a fresh one.
-- One warm job per (N, backend), at most ``COURSE_LIB_WARM_MAX`` of them per
-  kernel (default 3: a check grades at two world sizes, the lab runs at a
-  third); a call for yet another
-  (N, backend) ends the least recently used. ``run(..., fresh=True)`` replaces
+- One warm job per (N, backend, NCCL's rules or not), at most ``COURSE_LIB_WARM_MAX``
+  of them per kernel (default 3: a check grades at two world sizes, the lab runs at a
+  third); a call for yet another ends the least recently used. ``run(..., fresh=True)`` replaces
   the job it would have used.
 - It ends with :func:`shutdown`, at interpreter exit, when the kernel dies
   (the ranks watch its pid) and after ``COURSE_LIB_WARM_IDLE_S`` seconds

@@ -42,14 +42,16 @@ from datetime import timedelta
 from pathlib import Path
 
 from course_lib.runtime.output import marker
+from course_lib.runtime import rank_io
 from course_lib.runtime.rank_io import (RankPrefixed, remove_orphaned_folder, to_cpu,
                                         watch_launcher, write_whole)
 
 
 def _user_traceback(exc):
-    """The traceback without this module's own frames."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    """The traceback without the rank's own frames (this module's, rank_io's) before the
+    student's."""
+    tb, ours = exc.__traceback__, {__file__, rank_io.__file__}
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
@@ -59,7 +61,7 @@ def _mark_when_ended(job, rank):
     failed, and this rank then writes its stack there from inside the signal handler (C,
     so even in a blocking collective) before dying as SIGTERM would have it. A rank that
     is gone with no record, no result and an empty mark died of something else (SIGKILL,
-    the out-of-memory killer, a crash in C code): that is the failure the launcher names."""
+    the out-of-memory killer, a crash in C code): that is the failure the job names."""
     for stale in (job / f"ended{rank}.txt", job / f"result{rank}-1.pkl"):  # an earlier attempt's
         stale.unlink(missing_ok=True)
     mark = open(job / f"ended{rank}.txt", "w")
@@ -122,7 +124,7 @@ def _run_once(job, spec, rank):
                            f"instead of returning") from None
     write_whole(job / f"result{rank}-1.pkl", cloudpickle.dumps((value, exported)))
     if dist.is_initialized():  # (the function may have ended the group itself)
-        # rank 0 hosts this attempt's store (job.py): nobody leaves while a peer may
+        # rank 0 hosts this attempt's store (command.py): nobody leaves while a peer may
         # still need it
         dist.barrier()
         dist.destroy_process_group()
@@ -227,7 +229,7 @@ def main(job_dir=None):
     finally:  # (reporting to a kernel that has died raises BrokenPipeError)
         if not forked:
             remove_orphaned_folder(job, rank)
-    try:  # an exit of its own: not a silent death (failures._ended_silently)
+    try:  # an exit of its own: not a silent death (Job._ended_silently)
         with open(job / f"ended{rank}.txt", "a") as mark:
             mark.write(f"exited with status {code}\n")
     except OSError:  # the job's folder is gone with its kernel
@@ -242,7 +244,7 @@ def main(job_dir=None):
 
 
 def _report(job, rank, exc):
-    # the clock first: the launcher names the rank that failed first as the cause, and
+    # the clock first: the job names the rank that failed first as the cause, and
     # formatting a long traceback must not make the first failure look like a later one
     failed_at = time.time()
     record = {"rank": rank, "type": type(exc).__name__, "message": str(exc),
