@@ -30,6 +30,17 @@ def launcher_alive(job_dir):
         return psutil.pid_exists(pid)
 
 
+def rank_pids(job_dir):
+    """The pids the ranks wrote at start (``pid<rank>``), whether they are alive or not."""
+    pids = []
+    for path in sorted(Path(job_dir).glob("pid*")):
+        try:
+            pids.append(int(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
 def remove_folder(job_dir):
     """Remove a job's folder, its ``spec.json`` last: a removal cut short (a kernel
     killed in the middle of it) still says whose folder it was, for :func:`sweep_folders`."""

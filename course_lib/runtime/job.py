@@ -130,19 +130,15 @@ class Job:
             outcome = self.output.pump(deadline, on_marker)
             port = self.port
             if outcome == "done":
-                results = read_results(lambda name: (self.dir / name).read_bytes(), self.nproc,
-                                       number)
+                results = read_results(self.dir, self.nproc, number)
             elif outcome == "timeout":
                 error = self._timeout(timeout, shipped)
             else:
                 error = self._records_error(number) or failure(
                     [], self.log, f"torchrun exited with status {self.proc.returncode} before "
                     "every rank returned (did the call end its process, e.g. sys.exit()?)")
-        except KeyboardInterrupt as exc:  # the student stopped it: say where each rank was
-            self._interrupted(shipped, exc)
-            raise
-        except BaseException as exc:  # a bug of ours: nothing is reused
-            self._end_after(exc)
+        except BaseException as exc:
+            self._stopped(shipped, exc)
             raise
         if error is not None:  # a failed rank may have left the others inside a collective
             self._end_after(error)
@@ -178,11 +174,8 @@ class Job:
                                    "max_restarts; this is how the last attempt failed)")
             else:  # read before the folder goes with the job
                 results, error = self._returned()
-        except KeyboardInterrupt as exc:
-            self._interrupted(shipped, exc)
-            raise
         except BaseException as exc:
-            self._end_after(exc)
+            self._stopped(shipped, exc)
             raise
         self._end_after(error)
         if error is not None:
@@ -203,7 +196,7 @@ class Job:
                 return None, LaunchError(
                     f"ranks {missing} ended without returning from the function (did it end "
                     f"its process, e.g. sys.exit()?)", ranks=missing)
-            results = read_results(lambda name: (self.dir / name).read_bytes(), self.nproc, 1)
+            results = read_results(self.dir, self.nproc, 1)
         restarts = self.dir / "restarts"
         results.restarts = int(restarts.read_text()) if restarts.exists() else 0
         return results, None
@@ -245,7 +238,7 @@ class Job:
             path = self.dir / f"stack{rank}.txt"
             if path.exists():
                 os.truncate(path, 0)  # ranks append: only this dump will be read
-        for pid in procs.marked(self._rank_pids(), self.id):
+        for pid in procs.marked(folders.rank_pids(self.dir), self.id):
             try:
                 os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
@@ -263,15 +256,14 @@ class Job:
                 sizes[rank] = size
         return stacks
 
-    def _rank_pids(self):
-        """The pids the ranks wrote at start (``pid<rank>``), dead ones included."""
-        pids = []
-        for path in sorted(self.dir.glob("pid*")):
-            try:
-                pids.append(int(path.read_text()))
-            except (OSError, ValueError):
-                continue
-        return pids
+    def _stopped(self, shipped, exc):
+        """A call or a wait stopped by ``exc`` before it could tell how the job ended: the
+        student's interrupt (say where each rank was first) or a bug of ours. Either way
+        the job ends, and nothing of it is reused."""
+        if isinstance(exc, KeyboardInterrupt):
+            self._interrupted(shipped, exc)
+        else:
+            self._end_after(exc)
 
     def _interrupted(self, shipped, interrupt):
         """After an interrupt: print where each live rank was, then end the job. The

@@ -67,11 +67,11 @@ def remove_orphaned_folder(job, rank):
     import psutil
 
     others = []
-    for path in job.glob("pid*"):
+    for pid in folders.rank_pids(job):
         try:
-            if int(path.read_text()) != os.getpid():
-                others.append(psutil.Process(int(path.read_text())))
-        except (OSError, ValueError, psutil.Error):
+            if pid != os.getpid():
+                others.append(psutil.Process(pid))
+        except psutil.Error:
             continue
     procs.wait_dead(others, 10)
     folders.remove_folder(job)

@@ -18,12 +18,13 @@ class Results(list):
     wall_time = None
 
 
-def read_results(read, nproc, number):
-    """The ranks' values of call ``number``; ``read(file name)`` gives a file's bytes
-    (``result{rank}-{number}.pkl``: the value on CPU and the rank's trace export)."""
+def read_results(job_dir, nproc, number):
+    """The ranks' values of call ``number``, from the job folder's ``result{rank}-{number}.pkl``
+    (the value on CPU and the rank's trace export)."""
     results, exports = Results(), []
     for rank in range(nproc):
-        value, trace_export = cloudpickle.loads(read(f"result{rank}-{number}.pkl"))
+        value, trace_export = cloudpickle.loads(
+            (job_dir / f"result{rank}-{number}.pkl").read_bytes())
         results.append(value)
         if trace_export is not None:
             exports.append(trace_export)
