@@ -39,7 +39,7 @@ def path_with_lookalike():
 if os.environ.get("COURSE_LIB_GPU_LOOKALIKE") == "1":
     os.environ["PYTHONPATH"] = path_with_lookalike()
 # Tests run at world sizes 1 to 8, module after module: keep more warm jobs than a kernel
-# needs (3), so that fewer calls pay for a cold start (tests of the limit set their own)
+# needs (4), so that fewer calls pay for a cold start (tests of the limit set their own)
 os.environ.setdefault("COURSE_LIB_WARM_MAX", "6")
 # The gradebook's hidden settings come from the class's secret: a fixed one here, so that
 # every run of the suite grades the same drawn settings (make salt-sweep draws others)

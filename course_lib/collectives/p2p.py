@@ -15,7 +15,6 @@ Each takes a process group (the world by default); ranks are local to it.
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -82,8 +81,11 @@ def ring_shift(x, group=None):
 
 
 def measure_ping_pong(ping_pong_fn, sizes_bytes, iters=20, warmup=3):
-    """Median one-way time (half a round trip) per message size, on rank 0.
-    Run it on at least 2 ranks; returns {bytes: seconds} on rank 0, {} elsewhere."""
+    """One-way time (half the fastest of ``iters`` round trips) per message size, on
+    rank 0. The fastest, not the median: on a shared machine other processes only ever
+    add time, and a burst of them can slow most of the round trips of a small message,
+    which would tilt the alpha-beta fit (even make the bandwidth negative). Run it on at
+    least 2 ranks; returns {bytes: seconds} on rank 0, {} elsewhere."""
     result = {}
     for nbytes in sizes_bytes:
         payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
@@ -93,5 +95,5 @@ def measure_ping_pong(ping_pong_fn, sizes_bytes, iters=20, warmup=3):
             _, times = ping_pong_fn(payload, iters)
             sync()
         if dist.get_rank() == 0:
-            result[payload.numel() * 4] = statistics.median(times) / 2
+            result[payload.numel() * 4] = min(times) / 2
     return result

@@ -83,9 +83,6 @@ class Sandbox:
             "COURSE_LIB_COLLECTOR_FULL": "1" if full else "0", RUN_MARKER: self.token,
             # several notebooks' ranks share the cores: no thread pool per rank
             "OMP_NUM_THREADS": "1",
-            # Labs 00 and 01 grade at world sizes 1-4: with the default 3 kept warm, the
-            # sizes evict each other in turn and every call starts its job anew
-            "COURSE_LIB_WARM_MAX": "4",
         }
         for name in ("COURSE_LIB_TEST_SESSION", "COURSE_LIB_SANDBOX_MEMORY_GB",
                      "COURSE_LIB_WARM_MAX", "COURSE_LIB_WARM_IDLE_S", "COURSE_LIB_NCCL_RULES"):

@@ -56,7 +56,22 @@ def prepare(lab, folder, keep):
     return name, [(c["cell_type"], "".join(c["source"])) for c in student["cells"]], kept
 
 
-def work_an_item(nb, typed, stub, answer):
+class Phases:
+    """Seconds per phase of a test, printed for whoever runs it (``-s``)."""
+
+    def __init__(self):
+        self.seconds, self.mark = {}, time.monotonic()
+
+    def lap(self, phase):
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0) + now - self.mark
+        self.mark = now
+
+    def __str__(self):
+        return ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items())
+
+
+def work_an_item(nb, typed, stub, answer, phases):
     """Type a wrong answer into ``typed.item``'s cell, run it and its check, find the hint;
     type the solution, run both again, find the pass line."""
     cell = nb.find(f"raise NotImplementedError('{typed.item}:")
@@ -65,12 +80,17 @@ def work_an_item(nb, typed, stub, answer):
     line = stub_line(stub, typed.item)
     indent = line[: len(line) - len(line.lstrip())]
     wrong = "\n".join(indent + w for w in typed.wrong.splitlines())
+    phases.lap("other")
     nb.type_into(cell, stub.replace(line, wrong))
+    phases.lap("typing")
     nb.run_cells(cell, cell)
     nb.run_one(check, typed.hint)
+    phases.lap("checks")
     nb.type_into(cell, answer)
+    phases.lap("typing")
     nb.run_cells(cell, cell)
     nb.run_one(check, f"✓ {typed.item} passed")
+    phases.lap("checks")
     return check
 
 
@@ -127,11 +147,12 @@ def check_rendered(nb, lab):
 @pytest.mark.parametrize("lab", LABS, ids=[lab.name[:2] for lab in LABS])
 def test_lab_worked_in_jupyterlab(lab, jupyter_lab, page):
     url, folder = jupyter_lab
-    started = time.monotonic()
+    phases = Phases()
     typed = [lab.exercise, lab.prediction]
     name, cells, kept = prepare(lab.name, folder, [t.item for t in typed])
     nb = Notebook(page, cells, name)
     nb.open(url, TOKEN)
+    phases.lap("open")
     try:
         order = sorted(typed, key=lambda t: nb.find(f"raise NotImplementedError('{t.item}:"))
         done = 0
@@ -139,10 +160,13 @@ def test_lab_worked_in_jupyterlab(lab, jupyter_lab, page):
             cell = nb.find(f"raise NotImplementedError('{t.item}:")
             if cell > done:
                 nb.run_cells(done, cell - 1, seconds=REST_S)
-            done = work_an_item(nb, t, *kept[t.item]) + 1
+                phases.lap("cells")
+            done = work_an_item(nb, t, *kept[t.item], phases) + 1
         nb.run_below(done, seconds=REST_S)
+        phases.lap("cells")
         images, tables = check_rendered(nb, lab)
         move_widgets(nb, lab)
+        phases.lap("widgets")
     finally:
         page.screenshot(path=str(SHOTS / f"lab{lab.name[:2]}.png"), full_page=True)
-    print(f"\n{lab.name}: {images} pictures, {tables} tables, {time.monotonic() - started:.0f} s")
+    print(f"\n{lab.name}: {images} pictures, {tables} tables; {phases}")
