@@ -149,10 +149,13 @@ class Notebook:
             self.fail(i, f"{expect!r} in its output", seconds)
 
     # ---- typing -------------------------------------------------------------------------
-    def type_into(self, i, text):
+    def type_into(self, i, text, pasted=False):
         """Replace cell ``i``'s source by typing ``text`` into its editor, key by key. The
         editor indents a new line itself: each line's indentation is selected (Shift+Home)
-        and deleted before the line, with its own indentation, is typed."""
+        and deleted before the line, with its own indentation, is typed. ``pasted``: each
+        line goes in as one input event, as a pasted line does (a key costs a round trip
+        to the browser: a long solution typed key by key took 20 s); the line breaks and
+        the deletions are still keys."""
         editor = self.cell(i).locator(".cm-content")
         editor.click()
         keys = self.page.keyboard
@@ -163,7 +166,7 @@ class Notebook:
                 keys.press("Enter")
                 keys.press("Shift+Home")
                 keys.press("Delete")
-            keys.type(line)
+            keys.insert_text(line) if pasted else keys.type(line)
         typed = self.cell(i).evaluate(
             "c => [...c.querySelectorAll('.cm-line')].map(l => l.textContent).join('\\n')")
         keys.press("Escape")

@@ -3,8 +3,9 @@
 Each test opens a copy of the student lab (labs/NN_*.ipynb) whose exercises the test has
 filled from the solutions, except one exercise and one prediction (tests/browser/labs.py
 says which). It runs the cells above them; types a wrong answer into each through the
-editor, runs it and its check and finds the check's hint for that mistake; types the
-solution, runs again and finds the pass line. Then it runs the rest of the notebook and
+editor, key by key, runs it and its check and finds the check's hint for that mistake;
+enters the solution through the editor (line by line, each line one input event as a
+pasted line is, its line breaks keys), runs again and finds the pass line. Then it runs the rest of the notebook and
 finds, rendered, every picture (a cell that saves a figure shows it too), the tables,
 the output by rank, and moves every ipywidgets control, whose output must change. A
 screenshot of each lab lands in runs/browser/. The server runs with MPLBACKEND=Agg.
@@ -73,7 +74,8 @@ class Phases:
 
 def work_an_item(nb, typed, stub, answer, phases):
     """Type a wrong answer into ``typed.item``'s cell, run it and its check, find the hint;
-    type the solution, run both again, find the pass line."""
+    enter the solution (line by line, as pasted lines), run both again, find the pass
+    line."""
     cell = nb.find(f"raise NotImplementedError('{typed.item}:")
     check = cell + 1
     assert nb.cells[check][0] == "code", f"{nb.describe(check)} is not {typed.item}'s check"
@@ -86,7 +88,7 @@ def work_an_item(nb, typed, stub, answer, phases):
     nb.run_cells(cell, cell)
     nb.run_one(check, typed.hint)
     phases.lap("checks")
-    nb.type_into(cell, answer)
+    nb.type_into(cell, answer, pasted=True)  # the wrong answer was typed key by key
     phases.lap("typing")
     nb.run_cells(cell, cell)
     nb.run_one(check, f"✓ {typed.item} passed")
