@@ -45,16 +45,15 @@ def main(argv=None):
 
     from course_lib.runtime import folders, procs, worker  # noqa: F401 - the ranks' code, once
 
+    *options, job_dir = sys.argv[1:] if argv is None else argv
+    # torchrun's parser wants a program to run: the rank function stands in for it
+    args = parse_args([*options, "--start-method=forkserver", "course_lib.runtime.worker"])
     # The ranks are forked by a fork server, itself forked from this process now: torch
     # and the worker are imported, and no thread of the agent's runs yet. Not from the
     # agent later: it runs threads (its rendezvous store's), and a fork taken while one
     # of them holds a lock hands the rank a lock nobody will release (seen here: ranks
     # stuck in init_process_group).
-    _fork_server_from_here()
-
-    *options, job_dir = sys.argv[1:] if argv is None else argv
-    # torchrun's parser wants a program to run: the rank function stands in for it
-    args = parse_args([*options, "--start-method=forkserver", "course_lib.runtime.worker"])
+    _fork_server_from_here(preload(int(args.nproc_per_node)))
     # what torchrun does with --standalone: a c10d rendezvous on a free local port
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", uuid.uuid4().hex
     config, _, _ = config_from_args(args)
@@ -67,7 +66,20 @@ def main(argv=None):
             folders.remove_folder(job_dir)
 
 
-def _fork_server_from_here():
+def preload(nproc):
+    """What the fork server imports, once, before it forks the ranks (the agent sets up
+    its rendezvous meanwhile): torch._dynamo, which the first torch.optim optimizer a
+    rank makes imports (Optimizer.__init__ is wrapped by torch._disable_dynamo), a
+    second of CPU per rank. Only where the ranks are more than twice the cores, so that
+    their copies would take longer in turns than the one preload: a 16-rank job on 2
+    cores spent 10 s of its first step in them (1.4 s with the preload). With fewer
+    ranks it is about even for a job that makes an optimizer, and one that makes none
+    (a job of collectives) would wait a second for nothing."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return ["torch._dynamo"] if nproc > 2 * (cores or 1) else []
+
+
+def _fork_server_from_here(modules):
     """Start multiprocessing's fork server as a fork of this process, so that it holds
     what this one imported: the fork server that multiprocessing starts is a new
     interpreter, which would import torch a second time (a second of CPU per job, and a
@@ -77,7 +89,7 @@ def _fork_server_from_here():
     parameters = list(inspect.signature(forkserver.main).parameters)
     if parameters != ["listener_fd", "alive_r", "preload", "main_path", "sys_path"] or \
             not hasattr(server, "_forkserver_alive_fd"):
-        multiprocessing.set_forkserver_preload(["course_lib.runtime.worker"])
+        multiprocessing.set_forkserver_preload(["course_lib.runtime.worker", *modules])
         forkserver.ensure_running()
         return
     resource_tracker.ensure_running()  # the ranks share this process's tracker
@@ -92,7 +104,7 @@ def _fork_server_from_here():
         if pid == 0:
             try:
                 os.close(alive_w)
-                forkserver.main(listener.fileno(), alive_r, [])
+                forkserver.main(listener.fileno(), alive_r, modules)
             finally:
                 os._exit(0)  # never this process's exit handlers: they are the agent's
         os.close(alive_r)

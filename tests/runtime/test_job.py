@@ -145,3 +145,23 @@ def test_a_cpu_jobs_ranks_come_from_a_fork_of_its_agent_which_imported_torch_onc
     assert out[1][2] == agent_pid  # both ranks forked by one server of one agent
     assert any(part.endswith("runtime/agent.py") for part in agent), agent
     assert server == agent, server
+
+
+def _dynamo_imported():
+    import sys
+
+    return "torch._dynamo" in sys.modules
+
+
+def test_ranks_beyond_twice_the_cores_are_forked_with_dynamo_imported():
+    """torch._dynamo (a second of CPU, imported by the first optimizer a rank makes) is
+    imported once by the fork server where the ranks would otherwise import it in turns,
+    and left out where they would not (a job of collectives would wait for nothing)."""
+    from course_lib.runtime.agent import preload
+
+    cores = len(os.sched_getaffinity(0))
+    if 2 * cores + 1 > 8:
+        pytest.skip(f"{cores} cores: a job of {2 * cores + 1} ranks is too big for the suite")
+    assert preload(2 * cores) == [] and preload(2 * cores + 1) == ["torch._dynamo"]
+    assert not any(run(_dynamo_imported, nproc=1, backend="gloo", fresh=True))
+    assert all(run(_dynamo_imported, nproc=2 * cores + 1, backend="gloo", fresh=True))

@@ -54,8 +54,10 @@ def check_all_to_all(all_to_all, world_sizes=(1, 2, 3), seed=71):
                 by_size = [[]] + [[(s, w, d) for _, s, w, d in cases[g][i:i + 1]]
                                   for g in (1, 2, 3)]
                 try:
+                    # a case takes well under a second on warm ranks: 15 s is a start on
+                    # a busy machine with room to spare, not a wait for a student's deadlock
                     outs = yield on_ranks(jobs.all_to_all_job, all_to_all, use_pair, by_size,
-                                          nproc=n, timeout=30)
+                                          nproc=n, timeout=15)
                 except checks.CheckFailed as exc:
                     raise _with_case(exc, cases[n if not use_pair else 2], i) from None
                 for rank, results in enumerate(outs):
