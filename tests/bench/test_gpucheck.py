@@ -38,6 +38,7 @@ def check_schema(summary):
         assert set(bench["figures"]) <= set(reference.FIGURES)
 
 
+@pytest.mark.slow  # a bench's job and its summary: CI runs it after make test
 def test_the_rehearsal_of_one_bench_writes_the_summary_and_the_readme_row(tmp_path):
     proc, summary, out = run_driver(tmp_path, "--only", "launch")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -160,6 +161,7 @@ def test_timelines_kept_are_one_or_two_per_lab_and_small(tmp_path):
         assert im.width == gpucheck.MAX_PNG_PX
 
 
+@pytest.mark.slow  # waits out a timeout: CI runs it after make test
 def test_processes_side_by_side_are_stopped_with_everything_under_them(tmp_path):
     """A task past its timeout is ended with its children; ``after`` orders tasks; a task
     the time budget cannot fit is not started."""

@@ -36,7 +36,8 @@ def attempts_of(log_dir, rank):
     return [int(a) for a in lines[0::2]], [int(p) for p in lines[1::2]]
 
 
-@pytest.mark.parametrize("how", ["kill", "raise"])
+# three ranks started twice: make test raises, CI's `make test-slow` kills as well
+@pytest.mark.parametrize("how", [pytest.param("kill", marks=pytest.mark.slow), "raise"])
 def test_a_rank_that_dies_brings_every_rank_back_fresh(tmp_path, how):
     out = run(note_and_maybe_die, str(tmp_path), 1, 1, how, nproc=3, max_restarts=2, timeout=90)
     assert out.restarts == 1
@@ -47,6 +48,7 @@ def test_a_rank_that_dies_brings_every_rank_back_fresh(tmp_path, how):
         assert pids[0] != pids[1]  # fresh processes: nothing survives but what was saved
 
 
+@pytest.mark.slow  # a job started three times: CI runs it after make test
 def test_a_job_that_keeps_failing_raises_the_last_attempts_error(tmp_path):
     with pytest.raises(LaunchError) as caught:
         run(note_and_maybe_die, str(tmp_path), 1, 99, "raise", nproc=2, max_restarts=2,
@@ -57,6 +59,7 @@ def test_a_job_that_keeps_failing_raises_the_last_attempts_error(tmp_path):
     assert attempts_of(tmp_path, 0)[0] == [0, 1, 2]
 
 
+@pytest.mark.slow  # a job started twice: CI runs it after make test
 def test_a_rank_killed_in_every_attempt_is_named_as_the_cause(tmp_path):
     with pytest.raises(LaunchError) as caught:
         run(note_and_maybe_die, str(tmp_path), 0, 99, "kill", nproc=2, max_restarts=1,
@@ -102,7 +105,7 @@ def killed_while_peers_wait(victim):
     dist.all_reduce(torch.ones(1))
 
 
-@pytest.mark.parametrize("restarts", [0, 1])
+@pytest.mark.parametrize("restarts", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_killed_rank_is_named_not_the_peers_it_broke(restarts):
     """The peers fail first, on their broken connection, with a record each; the rank that
     was killed wrote none, and is still the one named (the last rank: torchrun's summary
