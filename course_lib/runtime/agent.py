@@ -75,8 +75,7 @@ def preload(nproc):
     cores spent 10 s of its first step in them (1.4 s with the preload). With fewer
     ranks it is about even for a job that makes an optimizer, and one that makes none
     (a job of collectives) would wait a second for nothing."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return ["torch._dynamo"] if nproc > 2 * (cores or 1) else []
+    return ["torch._dynamo"] if nproc > 2 * (os.cpu_count() or 1) else []
 
 
 def _fork_server_from_here(modules):

@@ -15,8 +15,8 @@ fails.
   stuck inside a collective); the next call starts a fresh one.
 - One warm job per (N, backend, NCCL's rules or not), at most ``COURSE_LIB_WARM_MAX``
   of them per kernel (default 4: a check grades at world sizes 1, 2 and 3, the lab runs
-  at a fourth); a call for yet another ends the least recently used. ``run(..., fresh=True)`` replaces
-  the job it would have used.
+  at a fourth); a call for yet another ends the least recently used.
+  ``run(..., fresh=True)`` replaces the job it would have used.
 - It ends with :func:`shutdown`, at interpreter exit, when the kernel dies
   (the ranks watch its pid) and after ``COURSE_LIB_WARM_IDLE_S`` seconds
   without a call (default 600), so a forgotten notebook does not hold GPUs.
@@ -54,8 +54,8 @@ def max_jobs():
     a check cell grades at world sizes 1, 2 and 3 and the lab around it runs at NPROC.
     Least-recently-used with one slot fewer than the sizes in turn ends every job
     just before it is wanted again, and each call starts its size afresh (with 3,
-    the nine solution notebooks ran 12% longer). Idle ranks cost memory (a few hundred MB
-    each on CPU), not compute."""
+    the nine solution notebooks ran 12% longer). Idle ranks cost memory (a few
+    hundred MB each on CPU), not compute."""
     return max(1, int(os.environ.get("COURSE_LIB_WARM_MAX", "4")))
 
 

@@ -5,10 +5,11 @@ filled from the solutions, except one exercise and one prediction (tests/browser
 says which). It runs the cells above them; types a wrong answer into each through the
 editor, key by key, runs it and its check and finds the check's hint for that mistake;
 enters the solution through the editor (line by line, each line one input event as a
-pasted line is, its line breaks keys), runs again and finds the pass line. Then it runs the rest of the notebook and
-finds, rendered, every picture (a cell that saves a figure shows it too), the tables,
-the output by rank, and moves every ipywidgets control, whose output must change. A
-screenshot of each lab lands in runs/browser/. The server runs with MPLBACKEND=Agg.
+pasted line is, its line breaks keys), runs again and finds the pass line. Then it runs
+the rest of the notebook and finds, rendered, every picture (a cell that saves a figure
+shows it too), the tables, the output by rank, and moves every ipywidgets control, whose
+output must change. A screenshot of each lab lands in runs/browser/. The server runs
+with MPLBACKEND=Agg.
 """
 import json
 import time
